@@ -1,0 +1,1 @@
+"""convert layer of W12 (see ../SPEC.md and the project README)."""

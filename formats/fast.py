@@ -1,0 +1,390 @@
+"""Fast W12 encoder and decoder (numba, parallel over rows).
+
+Same signatures and byte-identical outputs as `formats.reference` (tests/test_fast_codec.py compares
+the two). Differences from the reference, on inputs the reference does not check:
+
+* `encode` raises `InputError` when `bits` is not a 2-D int16 tensor with N, K >= 1, or when forced
+  `exponents` are not integers in [16, 254] of length N (length N_PAD is accepted too when its
+  padded rows hold 16, e.g. the exponents of an earlier encode).
+* `decode` raises a `W12Error` subclass instead of reading or writing out of bounds when the tensors
+  do not have the shapes of SPEC.md §7 for (n, k), a count is negative or the counts do not add up
+  to the escape entries, or an escape position is outside [0, 8192) or in a padded row or column.
+  It does not run the other checks of SPEC.md §9 (that is the loader's job); like the reference it
+  decodes whatever codes it is given.
+
+How it works (SPEC.md §3–6):
+
+encode, pass 1 (parallel over groups of rows): per row, a 256-bin histogram of the exponent field,
+a sliding 16-wide window sum over [16, 254] for E_n (the lowest argmax), then the row's view bytes
+and nibble bytes are written into its 64-byte and 32-byte slots of each record, and the number of
+escapes of each 64-column row segment is kept (`seg[n, kb]`, at most 64, one byte).
+Between passes: per-record counts (sum of `seg` over the 128 rows of the tile) and their exclusive
+cumulative sum, the offset of each record's first escape entry.
+encode, pass 2 (parallel over tile rows): each record's escapes are written from its offset on in
+increasing position p = r·64 + c; only row segments with `seg > 0` are scanned again.
+
+decode (parallel over groups of rows): per row, h = sign | (b & 0x7F) + 8·(E_n − 15) << 4 | lo, in
+16-bit arithmetic, which equals the reference's formula; then (unless lo_fill is given) each tile
+row's escapes are patched in.
+
+Every byte of the outputs is written by the kernels (padding included), so outputs are allocated
+with np.empty and handed to torch without a copy.
+"""
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .errors import EscapeCountError, EscapePositionError, InputError, TensorLayoutError
+from .layout import E_HI, E_LO, NIB_BYTES, REC_BYTES, TK, TN, TW, VIEW_BYTES, WIN, padded, tiles
+
+_ROW_GROUP = 8  # rows per parallel work item (keeps per-item scratch allocation negligible)
+
+
+def check_bits(bits) -> None:
+    """Raise InputError unless `bits` is a 2-D int16 torch tensor with N, K >= 1."""
+    if not isinstance(bits, torch.Tensor):
+        raise InputError(f"expected a torch.Tensor of int16 BF16 bit patterns, found {type(bits).__name__}")
+    if bits.dtype != torch.int16:
+        hint = " (use t.view(torch.int16) for a bfloat16 tensor)" if bits.dtype == torch.bfloat16 else ""
+        raise InputError(f"expected dtype torch.int16 (BF16 bit patterns), found {bits.dtype}{hint}")
+    if bits.dim() != 2:
+        raise InputError(f"expected a 2-D matrix [N, K], found shape {tuple(bits.shape)}")
+    n, k = bits.shape
+    if n < 1 or k < 1:
+        raise InputError(f"expected N >= 1 and K >= 1, found shape {tuple(bits.shape)}")
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """C-contiguous numpy view of a CPU tensor (a copy only when it is not contiguous or not on CPU)."""
+    return t.detach().cpu().contiguous().numpy()
+
+
+def _forced_exponents(exponents, n: int, n_pad: int) -> np.ndarray:
+    if not isinstance(exponents, torch.Tensor):
+        exponents = torch.as_tensor(exponents)
+    if exponents.dtype.is_floating_point or exponents.dtype.is_complex or exponents.dtype == torch.bool:
+        raise InputError(f"forced exponents must be integers, found dtype {exponents.dtype}")
+    if exponents.dim() != 1 or exponents.shape[0] not in (n, n_pad):
+        raise InputError(f"forced exponents must have shape [{n}] (or [{n_pad}]), found {tuple(exponents.shape)}")
+    e = exponents.detach().cpu().to(torch.int64)
+    if e.shape[0] > n and bool((e[n:] != E_LO).any()):
+        raise InputError(f"forced exponents of padded rows {n}..{n_pad - 1} must be {E_LO}")
+    e = e[:n]
+    lo, hi = int(e.min()), int(e.max())
+    if lo < E_LO or hi > E_HI:
+        raise InputError(f"forced exponents must lie in [{E_LO}, {E_HI}], found values in [{lo}, {hi}]")
+    return e.to(torch.int32).numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@njit(cache=True, inline="always")
+def _top_exponent(row, hist):
+    """E_n of one row (uint16 patterns) per SPEC.md §3; hist is int32 [4, 256] scratch."""
+    k = row.shape[0]
+    hist[:, :] = 0
+    k4 = k - (k & 3)
+    for i in range(0, k4, 4):  # four sub-histograms break the store-to-load chains on equal bins
+        hist[0, (row[i] >> 7) & 0xFF] += 1
+        hist[1, (row[i + 1] >> 7) & 0xFF] += 1
+        hist[2, (row[i + 2] >> 7) & 0xFF] += 1
+        hist[3, (row[i + 3] >> 7) & 0xFF] += 1
+    for i in range(k4, k):
+        hist[0, (row[i] >> 7) & 0xFF] += 1
+    # window of E covers e in [E - 15, E] ⊂ [1, 254]: zeros/denormals (e = 0) and inf/NaN (e = 255)
+    # never fall in a window with E in [16, 254], so they need no masking.
+    s = 0
+    for e in range(E_LO - (WIN - 1), E_LO + 1):
+        s += hist[0, e] + hist[1, e] + hist[2, e] + hist[3, e]
+    best = s
+    best_e = E_LO
+    for top in range(E_LO + 1, E_HI + 1):
+        s += hist[0, top] + hist[1, top] + hist[2, top] + hist[3, top]
+        bot = top - WIN
+        s -= hist[0, bot] + hist[1, bot] + hist[2, bot] + hist[3, bot]
+        if s > best:  # strictly greater: the lowest E wins ties
+            best = s
+            best_e = top
+    return best_e
+
+
+@njit(cache=True, inline="always")
+def _encode_segment(row, col0, width, lo8, view, nib):
+    """Codes of row[col0 : col0 + width] (width <= 64) into a record row's 64 view bytes and 32 nibble
+    bytes; columns past width are padding (code 0). Returns the number of escapes."""
+    esc = 0
+    if width == TK:
+        for j in range(TK // 2):
+            h0 = np.int32(row[col0 + j])
+            h1 = np.int32(row[col0 + j + TK // 2])
+            # t = 8·e + (m >> 4) − 8·(E_n − 15) = 8·u + (m >> 4); in window iff 0 <= t < 128
+            t0 = ((h0 >> 4) & 0x7FF) - lo8
+            t1 = ((h1 >> 4) & 0x7FF) - lo8
+            in0 = np.uint32(t0) < np.uint32(128)
+            in1 = np.uint32(t1) < np.uint32(128)
+            b0 = ((h0 >> 8) & 0x80) | t0
+            b1 = ((h1 >> 8) & 0x80) | t1
+            view[j] = np.uint8(b0) if in0 else np.uint8(0)
+            view[j + TK // 2] = np.uint8(b1) if in1 else np.uint8(0)
+            l0 = (h0 & 0xF) if in0 else 0
+            l1 = (h1 & 0xF) if in1 else 0
+            nib[j] = np.uint8(l0 | (l1 << 4))
+            esc += (not in0) + (not in1)
+    else:
+        for j in range(TK // 2):
+            l0 = 0
+            l1 = 0
+            if j < width:
+                h0 = np.int32(row[col0 + j])
+                t0 = ((h0 >> 4) & 0x7FF) - lo8
+                if np.uint32(t0) < np.uint32(128):
+                    view[j] = np.uint8(((h0 >> 8) & 0x80) | t0)
+                    l0 = h0 & 0xF
+                else:
+                    view[j] = 0
+                    esc += 1
+            else:
+                view[j] = 0
+            if j + TK // 2 < width:
+                h1 = np.int32(row[col0 + j + TK // 2])
+                t1 = ((h1 >> 4) & 0x7FF) - lo8
+                if np.uint32(t1) < np.uint32(128):
+                    view[j + TK // 2] = np.uint8(((h1 >> 8) & 0x80) | t1)
+                    l1 = h1 & 0xF
+                else:
+                    view[j + TK // 2] = 0
+                    esc += 1
+            else:
+                view[j + TK // 2] = 0
+            nib[j] = np.uint8(l0 | (l1 << 4))
+    return esc
+
+
+@njit(parallel=True, cache=True)
+def _encode_pass1(bits, forced, use_forced, records, exps, seg):
+    """Per row: E_n, codes into the records, escapes per 64-column segment. Padded rows too."""
+    n, k = bits.shape
+    n_pad = exps.shape[0]
+    kb_n = records.shape[1]
+    groups = (n_pad + _ROW_GROUP - 1) // _ROW_GROUP
+    for g in prange(groups):
+        hist = np.empty((4, 256), dtype=np.int32)
+        for row_i in range(g * _ROW_GROUP, min((g + 1) * _ROW_GROUP, n_pad)):
+            nb = row_i // TN
+            r = row_i - nb * TN
+            if row_i >= n:  # padded row: E_n = 16, code 0, no escapes
+                exps[row_i] = E_LO
+                for kb in range(kb_n):
+                    records[nb, kb, r * TK : (r + 1) * TK] = 0
+                    records[nb, kb, VIEW_BYTES + r * (TK // 2) : VIEW_BYTES + (r + 1) * (TK // 2)] = 0
+                    seg[row_i, kb] = 0
+                continue
+            row = bits[row_i]
+            if use_forced:
+                top = forced[row_i]
+            else:
+                top = _top_exponent(row, hist)
+            exps[row_i] = top
+            lo8 = np.int32((top - (WIN - 1)) * 8)
+            for kb in range(kb_n):
+                col0 = kb * TK
+                width = min(TK, k - col0)
+                view = records[nb, kb, r * TK : (r + 1) * TK]
+                nib = records[nb, kb, VIEW_BYTES + r * (TK // 2) : VIEW_BYTES + (r + 1) * (TK // 2)]
+                seg[row_i, kb] = _encode_segment(row, col0, width, lo8, view, nib)
+
+
+@njit(parallel=True, cache=True)
+def _encode_counts(seg, counts):
+    nb_n, kb_n = counts.shape
+    for nb in prange(nb_n):
+        for kb in range(kb_n):
+            c = 0
+            for r in range(TN):
+                c += seg[nb * TN + r, kb]
+            counts[nb, kb] = c
+
+
+@njit(parallel=True, cache=True)
+def _encode_pass2(bits, exps, seg, offsets, escapes):
+    """Escape entries (p, h) of each record, from its offset on, in increasing p."""
+    n, k = bits.shape
+    nb_n = (n + TN - 1) // TN
+    kb_n = seg.shape[1]
+    for nb in prange(nb_n):
+        for kb in range(kb_n):
+            o = offsets[nb * kb_n + kb]
+            col0 = kb * TK
+            width = min(TK, k - col0)
+            for r in range(min(TN, n - nb * TN)):
+                row_i = nb * TN + r
+                if seg[row_i, kb] == 0:
+                    continue
+                lo8 = np.int32((np.int32(exps[row_i]) - (WIN - 1)) * 8)
+                for c in range(width):
+                    h = bits[row_i, col0 + c]
+                    t = ((np.int32(h) >> 4) & 0x7FF) - lo8
+                    if np.uint32(t) >= np.uint32(128):
+                        escapes[o, 0] = np.int16(r * TK + c)
+                        escapes[o, 1] = np.int16(h)
+                        o += 1
+
+
+@njit(parallel=True, cache=True)
+def _decode_rows(records, exps, n, k, lo_fill, out):
+    """Codes -> 16-bit patterns (escapes decode as their code). lo_fill < 0: use the nibbles."""
+    kb_n = records.shape[1]
+    groups = (n + _ROW_GROUP - 1) // _ROW_GROUP
+    fill = np.uint16(lo_fill & 0xF) if lo_fill >= 0 else np.uint16(0)
+    use_fill = lo_fill >= 0
+    for g in prange(groups):
+        for row_i in range(g * _ROW_GROUP, min((g + 1) * _ROW_GROUP, n)):
+            nb = row_i // TN
+            r = row_i - nb * TN
+            # (b & 0x7F) + 8·(E_n − 15) = 8·e + (m >> 4), wrapping in 16 bits like the reference's
+            # int32 -> int16 cast (exponents outside [16, 254] decode to the same bits as there)
+            add = np.uint16(((np.int32(exps[row_i]) - (WIN - 1)) * 8) & 0xFFFF)
+            orow = out[row_i]
+            for kb in range(kb_n):
+                col0 = kb * TK
+                width = min(TK, k - col0)
+                view = records[nb, kb, r * TK : (r + 1) * TK]
+                nib = records[nb, kb, VIEW_BYTES + r * (TK // 2) : VIEW_BYTES + (r + 1) * (TK // 2)]
+                if width == TK:
+                    for j in range(TK // 2):
+                        b0 = np.uint16(view[j])
+                        b1 = np.uint16(view[j + TK // 2])
+                        nb8 = np.uint16(nib[j])
+                        if use_fill:
+                            l0 = fill
+                            l1 = fill
+                        else:
+                            l0 = nb8 & np.uint16(0xF)
+                            l1 = nb8 >> np.uint16(4)
+                        h0 = ((b0 & np.uint16(0x80)) << np.uint16(8)) | (((b0 & np.uint16(0x7F)) + add) << np.uint16(4)) | l0
+                        h1 = ((b1 & np.uint16(0x80)) << np.uint16(8)) | (((b1 & np.uint16(0x7F)) + add) << np.uint16(4)) | l1
+                        orow[col0 + j] = np.uint16(h0)
+                        orow[col0 + j + TK // 2] = np.uint16(h1)
+                else:
+                    for c in range(width):
+                        b = np.uint16(view[c])
+                        if use_fill:
+                            lo = fill
+                        else:
+                            lo = (np.uint16(nib[c & (TK // 2 - 1)]) >> np.uint16(4 * (c // (TK // 2)))) & np.uint16(0xF)
+                        h = ((b & np.uint16(0x80)) << np.uint16(8)) | (((b & np.uint16(0x7F)) + add) << np.uint16(4)) | lo
+                        orow[col0 + c] = np.uint16(h)
+
+
+@njit(parallel=True, cache=True)
+def _decode_patch(counts, offsets, escapes, n, k, out):
+    """Writes each escape's bits at its position. Returns the number of entries in padding or out of
+    [0, 8192) (skipped; the caller raises)."""
+    nb_n, kb_n = counts.shape
+    bad = np.zeros(nb_n, dtype=np.int64)
+    for nb in prange(nb_n):
+        bad_here = 0
+        for kb in range(kb_n):
+            o = offsets[nb * kb_n + kb]
+            for i in range(o, o + counts[nb, kb]):
+                p = np.int32(escapes[i, 0])
+                row_i = nb * TN + (p >> 6)
+                col = kb * TK + (p & (TK - 1))
+                if p < 0 or p >= TW or row_i >= n or col >= k:
+                    bad_here += 1
+                    continue
+                out[row_i, col] = np.uint16(escapes[i, 1])
+        bad[nb] = bad_here
+    return bad.sum()
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def encode(bits: torch.Tensor, exponents: torch.Tensor | None = None):
+    """bits: int16 [N, K] BF16 patterns. Returns (records u8 [NB,KB,12288], exponents u8 [N_PAD],
+    counts i32 [NB,KB], escapes i16 [nnz,2]), byte-identical to `reference.encode`.
+    `exponents` forces E_n (values in [16, 254], shape [N] or [N_PAD])."""
+    check_bits(bits)
+    n, k = bits.shape
+    nb, kb = tiles(n, k)
+    n_pad, _ = padded(n, k)
+    h = _as_numpy(bits).view(np.uint16)
+    if exponents is None:
+        forced = np.zeros(1, dtype=np.int32)
+        use_forced = False
+    else:
+        forced = _forced_exponents(exponents, n, n_pad)
+        use_forced = True
+
+    records = np.empty((nb, kb, REC_BYTES), dtype=np.uint8)
+    exps = np.empty(n_pad, dtype=np.uint8)
+    seg = np.empty((n_pad, kb), dtype=np.uint8)
+    _encode_pass1(h, forced, use_forced, records, exps, seg)
+
+    counts = np.empty((nb, kb), dtype=np.int32)
+    _encode_counts(seg, counts)
+    offsets = np.zeros(nb * kb + 1, dtype=np.int64)
+    np.cumsum(counts.reshape(-1), out=offsets[1:])
+    nnz = int(offsets[-1])
+    escapes = np.empty((nnz, 2), dtype=np.int16)
+    if nnz:
+        _encode_pass2(h, exps, seg, offsets, escapes)
+    return (
+        torch.from_numpy(records),
+        torch.from_numpy(exps),
+        torch.from_numpy(counts),
+        torch.from_numpy(escapes),
+    )
+
+
+def _check_decode_inputs(records, exponents, counts, escapes, n: int, k: int):
+    n, k = int(n), int(k)
+    if n < 1 or k < 1:
+        raise InputError(f"expected n >= 1 and k >= 1, found n={n}, k={k}")
+    nb, kb = tiles(n, k)
+    n_pad, _ = padded(n, k)
+    want = {
+        "records": (records, torch.uint8, (nb, kb, REC_BYTES)),
+        "exponents": (exponents, torch.uint8, (n_pad,)),
+        "counts": (counts, torch.int32, (nb, kb)),
+    }
+    for name, (t, dtype, shape) in want.items():
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
+            found = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TensorLayoutError(f"{name}: expected {dtype} {shape} for a [{n}, {k}] matrix, found {found}")
+    if not isinstance(escapes, torch.Tensor) or escapes.dtype != torch.int16 or escapes.dim() != 2 or escapes.shape[1] != 2:
+        found = f"{escapes.dtype} {tuple(escapes.shape)}" if isinstance(escapes, torch.Tensor) else type(escapes).__name__
+        raise TensorLayoutError(f"escapes: expected int16 [nnz, 2], found {found}")
+    c = _as_numpy(counts).reshape(-1)
+    if c.size and int(c.min()) < 0:
+        raise EscapeCountError(f"escape counts: expected values >= 0, found {int(c.min())}")
+    offsets = np.zeros(c.size + 1, dtype=np.int64)
+    np.cumsum(c, out=offsets[1:], dtype=np.int64)
+    if int(offsets[-1]) != escapes.shape[0]:
+        raise EscapeCountError(f"escapes: counts add up to {int(offsets[-1])} entries, found {escapes.shape[0]}")
+    return n, k, offsets
+
+
+def decode(records, exponents, counts, escapes, n: int, k: int, lo_fill: int | None = None):
+    """Back to int16 [N, K] BF16 patterns, identical to `reference.decode`. lo_fill=8 gives the 8-bit
+    view (SPEC.md §4), whose escapes keep their code value."""
+    n, k, offsets = _check_decode_inputs(records, exponents, counts, escapes, n, k)
+    if lo_fill is not None and not 0 <= int(lo_fill) <= 15:
+        raise InputError(f"lo_fill must be a nibble value in [0, 15], found {lo_fill}")
+    rec = _as_numpy(records)
+    exps = _as_numpy(exponents)
+    out = np.empty((n, k), dtype=np.uint16)
+    _decode_rows(rec, exps, n, k, -1 if lo_fill is None else int(lo_fill), out)
+    if lo_fill is None and escapes.shape[0]:
+        bad = _decode_patch(_as_numpy(counts), offsets, _as_numpy(escapes), n, k, out)
+        if bad:
+            raise EscapePositionError(
+                f"escapes: expected positions in [0, {TW}) outside padded rows/columns of a [{n}, {k}] "
+                f"matrix, found {bad} entries that are not"
+            )
+    return torch.from_numpy(out.view(np.int16))

@@ -1,0 +1,1 @@
+"""kernels layer of W12 (see ../SPEC.md and the project README)."""

@@ -1,0 +1,1 @@
+"""runtime layer of W12 (see ../SPEC.md and the project README)."""

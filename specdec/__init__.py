@@ -1,0 +1,1 @@
+"""specdec layer of W12 (see ../SPEC.md and the project README)."""
