@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .errors import ContainerError, HeaderError, MissingTensorError, ShapeError, TensorLayoutError, VersionError, W12Error
+from .errors import ContainerError, DiskFullError, HeaderError, MissingTensorError, ShapeError, TensorLayoutError, VersionError, W12Error
 from .layout import (
     COMPANION_SUFFIXES,
     FORMAT_NAME,
@@ -44,11 +44,20 @@ class MatrixInfo:
 class Header:
     version: int
     matrices: dict[str, MatrixInfo] = field(default_factory=dict)
+    dense_sha256: dict[str, str] = field(default_factory=dict)  # tensors stored unchanged -> sha256
 
     def to_json(self) -> str:
         mats = {name: {"shape": list(info.shape), **({"sha256": info.sha256} if info.sha256 else {})}
                 for name, info in self.matrices.items()}
-        return json.dumps({"format": FORMAT_NAME, "version": self.version, "matrices": mats}, sort_keys=True)
+        obj = {"format": FORMAT_NAME, "version": self.version, "matrices": mats}
+        if self.dense_sha256:
+            obj["dense"] = {name: {"sha256": sha} for name, sha in self.dense_sha256.items()}
+        return json.dumps(obj, sort_keys=True)
+
+
+def _check_sha(what: str, sha) -> None:
+    if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
+        raise HeaderError(f"{what}: sha256 must be 64 hex characters, found {sha!r}")
 
 
 def parse_header(metadata: dict | None) -> Header:
@@ -82,13 +91,19 @@ def parse_header(metadata: dict | None) -> Header:
                 and all(type(d) is int and 1 <= d <= MAX_DIM for d in shape)):
             raise ShapeError(f"matrix {name!r}: shape must be two integers in [1, {MAX_DIM}], found {shape!r}")
         sha = info.get("sha256")
-        if sha is not None and not (isinstance(sha, str) and len(sha) == 64):
-            raise HeaderError(f"matrix {name!r}: sha256 must be 64 hex characters, found {sha!r}")
+        _check_sha(f"matrix {name!r}", sha)
         try:
             companion_names(name)
         except ValueError as e:
             raise HeaderError(f"matrix {name!r}: {e}") from None
         header.matrices[name] = MatrixInfo((shape[0], shape[1]), sha)
+    dense = obj.get("dense", {})
+    if not isinstance(dense, dict) or not all(isinstance(v, dict) for v in dense.values()):
+        raise HeaderError(f"the '{HEADER_KEY}' header's 'dense' must map names to objects, found {dense!r:.80}")
+    for name, info in dense.items():
+        _check_sha(f"dense tensor {name!r}", info.get("sha256"))
+        if info.get("sha256"):
+            header.dense_sha256[name] = info["sha256"]
     return header
 
 
@@ -195,10 +210,12 @@ def matrix_tensors(name: str, m: W12Matrix) -> dict[str, torch.Tensor]:
 
 def write_file(path: str | os.PathLike, dense: dict[str, torch.Tensor], matrices: dict[str, W12Matrix],
                sha256: dict[str, str] | None = None, metadata: dict[str, str] | None = None) -> None:
-    """Write dense tensors and W12 matrices to `path` atomically (temporary file, then rename)."""
+    """Write dense tensors and W12 matrices to `path` atomically (temporary file, then rename).
+    `sha256` maps matrix or dense tensor names to the SHA-256 of their original bytes (SPEC.md §7)."""
     path = os.fspath(path)
     sha256 = sha256 or {}
-    header = Header(FORMAT_VERSION, {name: MatrixInfo(m.shape, sha256.get(name)) for name, m in matrices.items()})
+    header = Header(FORMAT_VERSION, {name: MatrixInfo(m.shape, sha256.get(name)) for name, m in matrices.items()},
+                    {name: sha256[name] for name in dense if name in sha256})
     tensors = {}
     for name, m in matrices.items():
         tensors.update(matrix_tensors(name, m))
@@ -210,8 +227,13 @@ def write_file(path: str | os.PathLike, dense: dict[str, torch.Tensor], matrices
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         save_file(tensors, tmp, metadata=meta)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # the writer creates 0600 files; give the usual permissions
         os.replace(tmp, path)
     except Exception as e:  # OSError (disk full, permissions) or the writer's own error
         if os.path.exists(tmp):
             os.remove(tmp)
+        if getattr(e, "errno", None) == 28 or "No space left" in str(e):
+            raise DiskFullError(f"no space left on the device while writing {path}") from None
         raise ContainerError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None

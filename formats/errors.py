@@ -55,3 +55,7 @@ class SliceError(W12Error):
 
 class ContainerError(W12Error):
     """A safetensors file cannot be read or written as a W12 container."""
+
+
+class DiskFullError(W12Error):
+    """Not enough free space for the output, or the disk filled up while writing."""

@@ -39,6 +39,7 @@ from .errors import EscapeCountError, EscapePositionError, InputError, TensorLay
 from .layout import E_HI, E_LO, NIB_BYTES, REC_BYTES, TK, TN, TW, VIEW_BYTES, WIN, padded, tiles
 
 _ROW_GROUP = 8  # rows per parallel work item (keeps per-item scratch allocation negligible)
+_U32 = np.uint64(TK // 2)  # uint64 loop bound: unsigned indices vectorize (see _encode_segment)
 
 
 def check_bits(bits) -> None:
@@ -82,18 +83,17 @@ def _forced_exponents(exponents, n: int, n_pad: int) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
-def _top_exponent(row, hist):
-    """E_n of one row (uint16 patterns) per SPEC.md §3; hist is int32 [4, 256] scratch."""
-    k = row.shape[0]
+def _top_exponent(h, i0, k, hist):
+    """E_n of the row h[i0 : i0 + k] (uint16 patterns) per SPEC.md §3; hist is int32 [4, 256] scratch."""
     hist[:, :] = 0
     k4 = k - (k & 3)
     for i in range(0, k4, 4):  # four sub-histograms break the store-to-load chains on equal bins
-        hist[0, (row[i] >> 7) & 0xFF] += 1
-        hist[1, (row[i + 1] >> 7) & 0xFF] += 1
-        hist[2, (row[i + 2] >> 7) & 0xFF] += 1
-        hist[3, (row[i + 3] >> 7) & 0xFF] += 1
+        hist[0, (h[i0 + i] >> 7) & 0xFF] += 1
+        hist[1, (h[i0 + i + 1] >> 7) & 0xFF] += 1
+        hist[2, (h[i0 + i + 2] >> 7) & 0xFF] += 1
+        hist[3, (h[i0 + i + 3] >> 7) & 0xFF] += 1
     for i in range(k4, k):
-        hist[0, (row[i] >> 7) & 0xFF] += 1
+        hist[0, (h[i0 + i] >> 7) & 0xFF] += 1
     # window of E covers e in [E - 15, E] ⊂ [1, 254]: zeros/denormals (e = 0) and inf/NaN (e = 255)
     # never fall in a window with E in [16, 254], so they need no masking.
     s = 0
@@ -112,63 +112,65 @@ def _top_exponent(row, hist):
 
 
 @njit(cache=True, inline="always")
-def _encode_segment(row, col0, width, lo8, view, nib):
-    """Codes of row[col0 : col0 + width] (width <= 64) into a record row's 64 view bytes and 32 nibble
-    bytes; columns past width are padding (code 0). Returns the number of escapes."""
-    esc = 0
+def _encode_segment(h, i0, width, lo8, rec, v0, n0):
+    """Codes of the 16-bit patterns h[i0 : i0 + width] (width <= 64) into one record row: 64 view
+    bytes at rec[v0:] and 32 nibble bytes at rec[n0:] (SPEC.md §5); columns past width are padding
+    (code 0). Returns the number of escapes.
+
+    The full-width path keeps every value in 16 bits and indexes with uint64 (numba adds no
+    negative-index wraparound for unsigned indices), so LLVM vectorizes it with 16-bit lanes."""
+    esc = np.int32(0)
     if width == TK:
-        for j in range(TK // 2):
-            h0 = np.int32(row[col0 + j])
-            h1 = np.int32(row[col0 + j + TK // 2])
+        for j in range(_U32):
+            h0 = h[i0 + j]
+            h1 = h[i0 + j + _U32]
             # t = 8·e + (m >> 4) − 8·(E_n − 15) = 8·u + (m >> 4); in window iff 0 <= t < 128
-            t0 = ((h0 >> 4) & 0x7FF) - lo8
-            t1 = ((h1 >> 4) & 0x7FF) - lo8
-            in0 = np.uint32(t0) < np.uint32(128)
-            in1 = np.uint32(t1) < np.uint32(128)
-            b0 = ((h0 >> 8) & 0x80) | t0
-            b1 = ((h1 >> 8) & 0x80) | t1
-            view[j] = np.uint8(b0) if in0 else np.uint8(0)
-            view[j + TK // 2] = np.uint8(b1) if in1 else np.uint8(0)
-            l0 = (h0 & 0xF) if in0 else 0
-            l1 = (h1 & 0xF) if in1 else 0
-            nib[j] = np.uint8(l0 | (l1 << 4))
-            esc += (not in0) + (not in1)
+            t0 = np.uint16(np.uint16(np.uint16(h0 >> np.uint16(4)) & np.uint16(0x7FF)) - lo8)
+            t1 = np.uint16(np.uint16(np.uint16(h1 >> np.uint16(4)) & np.uint16(0x7FF)) - lo8)
+            in0 = t0 < np.uint16(128)
+            in1 = t1 < np.uint16(128)
+            b0 = np.uint16(h0 >> np.uint16(8)) & np.uint16(0x80) | t0
+            b1 = np.uint16(h1 >> np.uint16(8)) & np.uint16(0x80) | t1
+            rec[v0 + j] = np.uint8(b0) if in0 else np.uint8(0)
+            rec[v0 + j + _U32] = np.uint8(b1) if in1 else np.uint8(0)
+            l0 = np.uint8(h0 & np.uint16(0xF)) if in0 else np.uint8(0)
+            l1 = np.uint8(h1 & np.uint16(0xF)) if in1 else np.uint8(0)
+            rec[n0 + j] = np.uint8(l0 | np.uint8(l1 << np.uint8(4)))
+            esc += np.int32(not in0) + np.int32(not in1)
     else:
         for j in range(TK // 2):
             l0 = 0
             l1 = 0
+            b0 = 0
+            b1 = 0
             if j < width:
-                h0 = np.int32(row[col0 + j])
-                t0 = ((h0 >> 4) & 0x7FF) - lo8
-                if np.uint32(t0) < np.uint32(128):
-                    view[j] = np.uint8(((h0 >> 8) & 0x80) | t0)
-                    l0 = h0 & 0xF
+                hh = np.int32(h[i0 + np.uint64(j)])
+                t = ((hh >> 4) & 0x7FF) - np.int32(lo8)
+                if np.uint32(t) < np.uint32(128):
+                    b0 = ((hh >> 8) & 0x80) | t
+                    l0 = hh & 0xF
                 else:
-                    view[j] = 0
                     esc += 1
-            else:
-                view[j] = 0
             if j + TK // 2 < width:
-                h1 = np.int32(row[col0 + j + TK // 2])
-                t1 = ((h1 >> 4) & 0x7FF) - lo8
-                if np.uint32(t1) < np.uint32(128):
-                    view[j + TK // 2] = np.uint8(((h1 >> 8) & 0x80) | t1)
-                    l1 = h1 & 0xF
+                hh = np.int32(h[i0 + np.uint64(j + TK // 2)])
+                t = ((hh >> 4) & 0x7FF) - np.int32(lo8)
+                if np.uint32(t) < np.uint32(128):
+                    b1 = ((hh >> 8) & 0x80) | t
+                    l1 = hh & 0xF
                 else:
-                    view[j + TK // 2] = 0
                     esc += 1
-            else:
-                view[j + TK // 2] = 0
-            nib[j] = np.uint8(l0 | (l1 << 4))
+            rec[v0 + np.uint64(j)] = np.uint8(b0)
+            rec[v0 + np.uint64(j + TK // 2)] = np.uint8(b1)
+            rec[n0 + np.uint64(j)] = np.uint8(l0 | (l1 << 4))
     return esc
 
 
 @njit(parallel=True, cache=True)
-def _encode_pass1(bits, forced, use_forced, records, exps, seg):
-    """Per row: E_n, codes into the records, escapes per 64-column segment. Padded rows too."""
-    n, k = bits.shape
+def _encode_pass1(bits, n, k, forced, use_forced, records, exps, seg):
+    """Per row: E_n, codes into the records, escapes per 64-column segment. Padded rows too.
+    bits: uint16 [N*K] flat; records: uint8 [NB*KB*REC_BYTES] flat; seg: uint8 [N_PAD*KB] flat."""
     n_pad = exps.shape[0]
-    kb_n = records.shape[1]
+    kb_n = (k + TK - 1) // TK
     groups = (n_pad + _ROW_GROUP - 1) // _ROW_GROUP
     for g in prange(groups):
         hist = np.empty((4, 256), dtype=np.int32)
@@ -178,23 +180,29 @@ def _encode_pass1(bits, forced, use_forced, records, exps, seg):
             if row_i >= n:  # padded row: E_n = 16, code 0, no escapes
                 exps[row_i] = E_LO
                 for kb in range(kb_n):
-                    records[nb, kb, r * TK : (r + 1) * TK] = 0
-                    records[nb, kb, VIEW_BYTES + r * (TK // 2) : VIEW_BYTES + (r + 1) * (TK // 2)] = 0
-                    seg[row_i, kb] = 0
+                    base = (nb * kb_n + kb) * REC_BYTES
+                    records[base + r * TK : base + (r + 1) * TK] = 0
+                    records[base + VIEW_BYTES + r * (TK // 2) : base + VIEW_BYTES + (r + 1) * (TK // 2)] = 0
+                    seg[row_i * kb_n + kb] = 0
                 continue
-            row = bits[row_i]
             if use_forced:
-                top = forced[row_i]
+                top = np.int64(forced[row_i])
             else:
-                top = _top_exponent(row, hist)
+                top = _top_exponent(bits, row_i * k, k, hist)
             exps[row_i] = top
-            lo8 = np.int32((top - (WIN - 1)) * 8)
+            lo8 = np.uint16((top - (WIN - 1)) * 8)
             for kb in range(kb_n):
                 col0 = kb * TK
-                width = min(TK, k - col0)
-                view = records[nb, kb, r * TK : (r + 1) * TK]
-                nib = records[nb, kb, VIEW_BYTES + r * (TK // 2) : VIEW_BYTES + (r + 1) * (TK // 2)]
-                seg[row_i, kb] = _encode_segment(row, col0, width, lo8, view, nib)
+                base = (nb * kb_n + kb) * REC_BYTES
+                seg[row_i * kb_n + kb] = _encode_segment(
+                    bits,
+                    np.uint64(row_i * k + col0),
+                    min(TK, k - col0),
+                    lo8,
+                    records,
+                    np.uint64(base + r * TK),
+                    np.uint64(base + VIEW_BYTES + r * (TK // 2)),
+                )
 
 
 @njit(parallel=True, cache=True)
@@ -234,12 +242,15 @@ def _encode_pass2(bits, exps, seg, offsets, escapes):
 
 
 @njit(parallel=True, cache=True)
-def _decode_rows(records, exps, n, k, lo_fill, out):
-    """Codes -> 16-bit patterns (escapes decode as their code). lo_fill < 0: use the nibbles."""
-    kb_n = records.shape[1]
+def _decode_rows(records, exps, n, k, lo_mask, lo_fill, out):
+    """Codes -> 16-bit patterns; escapes decode as their code. The low nibble is
+    (nibble & lo_mask) | lo_fill: (0xF, 0) decodes, (0, fill) gives the view approximation.
+    records: uint8 [NB*KB*REC_BYTES] flat; out: uint16 [N*K] flat. uint64 indices, 16-bit values:
+    vectorizes (see _encode_segment)."""
+    kb_n = (k + TK - 1) // TK
     groups = (n + _ROW_GROUP - 1) // _ROW_GROUP
-    fill = np.uint16(lo_fill & 0xF) if lo_fill >= 0 else np.uint16(0)
-    use_fill = lo_fill >= 0
+    m = np.uint16(lo_mask)
+    f = np.uint16(lo_fill)
     for g in prange(groups):
         for row_i in range(g * _ROW_GROUP, min((g + 1) * _ROW_GROUP, n)):
             nb = row_i // TN
@@ -247,36 +258,35 @@ def _decode_rows(records, exps, n, k, lo_fill, out):
             # (b & 0x7F) + 8·(E_n − 15) = 8·e + (m >> 4), wrapping in 16 bits like the reference's
             # int32 -> int16 cast (exponents outside [16, 254] decode to the same bits as there)
             add = np.uint16(((np.int32(exps[row_i]) - (WIN - 1)) * 8) & 0xFFFF)
-            orow = out[row_i]
             for kb in range(kb_n):
                 col0 = kb * TK
                 width = min(TK, k - col0)
-                view = records[nb, kb, r * TK : (r + 1) * TK]
-                nib = records[nb, kb, VIEW_BYTES + r * (TK // 2) : VIEW_BYTES + (r + 1) * (TK // 2)]
+                base = (nb * kb_n + kb) * REC_BYTES
+                v0 = np.uint64(base + r * TK)
+                n0 = np.uint64(base + VIEW_BYTES + r * (TK // 2))
+                o0 = np.uint64(row_i * k + col0)
                 if width == TK:
-                    for j in range(TK // 2):
-                        b0 = np.uint16(view[j])
-                        b1 = np.uint16(view[j + TK // 2])
-                        nb8 = np.uint16(nib[j])
-                        if use_fill:
-                            l0 = fill
-                            l1 = fill
-                        else:
-                            l0 = nb8 & np.uint16(0xF)
-                            l1 = nb8 >> np.uint16(4)
-                        h0 = ((b0 & np.uint16(0x80)) << np.uint16(8)) | (((b0 & np.uint16(0x7F)) + add) << np.uint16(4)) | l0
-                        h1 = ((b1 & np.uint16(0x80)) << np.uint16(8)) | (((b1 & np.uint16(0x7F)) + add) << np.uint16(4)) | l1
-                        orow[col0 + j] = np.uint16(h0)
-                        orow[col0 + j + TK // 2] = np.uint16(h1)
+                    for j in range(_U32):
+                        b0 = np.uint16(records[v0 + j])
+                        b1 = np.uint16(records[v0 + j + _U32])
+                        q = np.uint16(records[n0 + j])
+                        l0 = np.uint16(q & m) | f
+                        l1 = np.uint16(np.uint16(q >> np.uint16(4)) & m) | f
+                        h0 = np.uint16(np.uint16(b0 & np.uint16(0x80)) << np.uint16(8)) | np.uint16(
+                            np.uint16(np.uint16(b0 & np.uint16(0x7F)) + add) << np.uint16(4)
+                        ) | l0
+                        h1 = np.uint16(np.uint16(b1 & np.uint16(0x80)) << np.uint16(8)) | np.uint16(
+                            np.uint16(np.uint16(b1 & np.uint16(0x7F)) + add) << np.uint16(4)
+                        ) | l1
+                        out[o0 + j] = np.uint16(h0)
+                        out[o0 + j + _U32] = np.uint16(h1)
                 else:
                     for c in range(width):
-                        b = np.uint16(view[c])
-                        if use_fill:
-                            lo = fill
-                        else:
-                            lo = (np.uint16(nib[c & (TK // 2 - 1)]) >> np.uint16(4 * (c // (TK // 2)))) & np.uint16(0xF)
-                        h = ((b & np.uint16(0x80)) << np.uint16(8)) | (((b & np.uint16(0x7F)) + add) << np.uint16(4)) | lo
-                        orow[col0 + c] = np.uint16(h)
+                        b = np.int32(records[v0 + np.uint64(c)])
+                        q = np.int32(records[n0 + np.uint64(c % (TK // 2))])
+                        lo = (((q >> (4 * (c // (TK // 2)))) & 0xF) & np.int32(lo_mask)) | np.int32(lo_fill)
+                        h = ((b & 0x80) << 8) | ((((b & 0x7F) + np.int32(add)) << 4) & 0xFFFF) | lo
+                        out[o0 + np.uint64(c)] = np.uint16(h)
 
 
 @njit(parallel=True, cache=True)
@@ -324,7 +334,7 @@ def encode(bits: torch.Tensor, exponents: torch.Tensor | None = None):
     records = np.empty((nb, kb, REC_BYTES), dtype=np.uint8)
     exps = np.empty(n_pad, dtype=np.uint8)
     seg = np.empty((n_pad, kb), dtype=np.uint8)
-    _encode_pass1(h, forced, use_forced, records, exps, seg)
+    _encode_pass1(h.reshape(-1), n, k, forced, use_forced, records.reshape(-1), exps, seg.reshape(-1))
 
     counts = np.empty((nb, kb), dtype=np.int32)
     _encode_counts(seg, counts)
@@ -379,7 +389,10 @@ def decode(records, exponents, counts, escapes, n: int, k: int, lo_fill: int | N
     rec = _as_numpy(records)
     exps = _as_numpy(exponents)
     out = np.empty((n, k), dtype=np.uint16)
-    _decode_rows(rec, exps, n, k, -1 if lo_fill is None else int(lo_fill), out)
+    if lo_fill is None:
+        _decode_rows(rec.reshape(-1), exps, n, k, 0xF, 0, out.reshape(-1))
+    else:
+        _decode_rows(rec.reshape(-1), exps, n, k, 0, int(lo_fill), out.reshape(-1))
     if lo_fill is None and escapes.shape[0]:
         bad = _decode_patch(_as_numpy(counts), offsets, _as_numpy(escapes), n, k, out)
         if bad:
