@@ -135,6 +135,8 @@ def prepare_output(plan: Plan, resume: bool, overwrite: bool) -> None:
             if old != json.loads(json.dumps(manifest)):
                 raise ResumeMismatchError(f"{out} was not started by `w12 convert` with this source and these "
                                           "options; use --overwrite to start again, or another output folder")
+            for stale in out.glob("*.tmp-*"):  # partial files of the interrupted run
+                stale.unlink()
             return
         else:
             raise OutputExistsError(f"output folder {out} is not empty; pass --resume to continue an interrupted "

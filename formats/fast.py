@@ -83,30 +83,35 @@ def _forced_exponents(exponents, n: int, n_pad: int) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
-def _top_exponent(h, i0, k, hist):
-    """E_n of the row h[i0 : i0 + k] (uint16 patterns) per SPEC.md §3; hist is int32 [4, 256] scratch."""
-    hist[:, :] = 0
-    k4 = k - (k & 3)
-    for i in range(0, k4, 4):  # four sub-histograms break the store-to-load chains on equal bins
-        hist[0, (h[i0 + i] >> 7) & 0xFF] += 1
-        hist[1, (h[i0 + i + 1] >> 7) & 0xFF] += 1
-        hist[2, (h[i0 + i + 2] >> 7) & 0xFF] += 1
-        hist[3, (h[i0 + i + 3] >> 7) & 0xFF] += 1
-    for i in range(k4, k):
-        hist[0, (h[i0 + i] >> 7) & 0xFF] += 1
-    # window of E covers e in [E - 15, E] ⊂ [1, 254]: zeros/denormals (e = 0) and inf/NaN (e = 255)
-    # never fall in a window with E in [16, 254], so they need no masking.
-    s = 0
+def _top_exponent(h, i0, k, ebuf, hist):
+    """E_n of the row h[i0 : i0 + k] (uint16 patterns) per SPEC.md §3.
+    Scratch: ebuf uint8 [>= k] (the row's exponent fields), hist uint32 [8 * 256]."""
+    for i in range(np.uint64(k)):  # vectorizes
+        ebuf[i] = np.uint8(h[i0 + i] >> np.uint16(7))
+    hist[:] = 0
+    k8 = np.uint64(k - (k & 7))
+    # eight sub-histograms break the store-to-load chains of runs of equal exponents
+    for i in range(np.uint64(0), k8, np.uint64(8)):
+        for s in range(np.uint64(8)):
+            hist[s * np.uint64(256) + np.uint64(ebuf[i + s])] += np.uint32(1)
+    for i in range(k8, np.uint64(k)):
+        hist[np.uint64(ebuf[i])] += np.uint32(1)
+    for e in range(256):
+        c = hist[e]
+        for s in range(1, 8):
+            c += hist[s * 256 + e]
+        hist[e] = c
+    # the window of E covers e in [E - 15, E] ⊂ [1, 254]: zeros/denormals (e = 0) and inf/NaN
+    # (e = 255) never fall in a window with E in [16, 254], so they need no masking.
+    w = np.int64(0)
     for e in range(E_LO - (WIN - 1), E_LO + 1):
-        s += hist[0, e] + hist[1, e] + hist[2, e] + hist[3, e]
-    best = s
+        w += hist[e]
+    best = w
     best_e = E_LO
     for top in range(E_LO + 1, E_HI + 1):
-        s += hist[0, top] + hist[1, top] + hist[2, top] + hist[3, top]
-        bot = top - WIN
-        s -= hist[0, bot] + hist[1, bot] + hist[2, bot] + hist[3, bot]
-        if s > best:  # strictly greater: the lowest E wins ties
-            best = s
+        w += np.int64(hist[top]) - np.int64(hist[top - WIN])
+        if w > best:  # strictly greater: the lowest E wins ties
+            best = w
             best_e = top
     return best_e
 
@@ -173,7 +178,8 @@ def _encode_pass1(bits, n, k, forced, use_forced, records, exps, seg):
     kb_n = (k + TK - 1) // TK
     groups = (n_pad + _ROW_GROUP - 1) // _ROW_GROUP
     for g in prange(groups):
-        hist = np.empty((4, 256), dtype=np.int32)
+        hist = np.empty(8 * 256, dtype=np.uint32)
+        ebuf = np.empty(k, dtype=np.uint8)
         for row_i in range(g * _ROW_GROUP, min((g + 1) * _ROW_GROUP, n_pad)):
             nb = row_i // TN
             r = row_i - nb * TN
@@ -188,7 +194,7 @@ def _encode_pass1(bits, n, k, forced, use_forced, records, exps, seg):
             if use_forced:
                 top = np.int64(forced[row_i])
             else:
-                top = _top_exponent(bits, row_i * k, k, hist)
+                top = _top_exponent(bits, np.uint64(row_i * k), k, ebuf, hist)
             exps[row_i] = top
             lo8 = np.uint16((top - (WIN - 1)) * 8)
             for kb in range(kb_n):

