@@ -11,6 +11,7 @@ import fnmatch
 import hashlib
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -158,19 +159,21 @@ def _existing_parent(p: Path) -> Path:
 
 def convert_shard(plan: Plan, file: str, progress=None) -> None:
     """Convert one input shard into the output shard of the same name."""
-    dense, matrices, sha = {}, {}, {}
-    with safe_open(Path(plan.source) / file, framework="pt") as f:
+    dense, matrices, hashes = {}, {}, {}
+    # SHA-256 runs in a thread (hashlib releases the GIL) while the next tensor is encoded.
+    with safe_open(Path(plan.source) / file, framework="pt") as f, ThreadPoolExecutor(1) as pool:
         for t in (t for t in plan.tensors if t.file == file):
             x = f.get_tensor(t.name)
             if t.action == "w12":
                 x = x.to(torch.bfloat16) if x.dtype != torch.bfloat16 else x
-                sha[t.name] = hash_tensor(x)
+                hashes[t.name] = pool.submit(hash_tensor, x)
                 matrices[t.name] = W12Matrix.from_bf16(x)
             else:
-                sha[t.name] = hash_tensor(x)
+                hashes[t.name] = pool.submit(hash_tensor, x)
                 dense[t.name] = x
             if progress:
                 progress(t.bytes_before)
+    sha = {name: h.result() for name, h in hashes.items()}
     write_file(Path(plan.out) / file, dense, matrices, sha256=sha,
                metadata={"w12.source_file": file, "w12.source_size": str((Path(plan.source) / file).stat().st_size)})
 

@@ -38,7 +38,8 @@ from numba import njit, prange
 from .errors import EscapeCountError, EscapePositionError, InputError, TensorLayoutError
 from .layout import E_HI, E_LO, NIB_BYTES, REC_BYTES, TK, TN, TW, VIEW_BYTES, WIN, padded, tiles
 
-_ROW_GROUP = 8  # rows per parallel work item (keeps per-item scratch allocation negligible)
+_ROW_GROUP = 8  # rows per encode work item (keeps per-item scratch allocation negligible)
+_DECODE_ITEMS = 64  # decode work items to aim for (tile rows x column chunks)
 _U32 = np.uint64(TK // 2)  # uint64 loop bound: unsigned indices vectorize (see _encode_segment)
 
 
@@ -212,17 +213,6 @@ def _encode_pass1(bits, n, k, forced, use_forced, records, exps, seg):
 
 
 @njit(parallel=True, cache=True)
-def _encode_counts(seg, counts):
-    nb_n, kb_n = counts.shape
-    for nb in prange(nb_n):
-        for kb in range(kb_n):
-            c = 0
-            for r in range(TN):
-                c += seg[nb * TN + r, kb]
-            counts[nb, kb] = c
-
-
-@njit(parallel=True, cache=True)
 def _encode_pass2(bits, exps, seg, offsets, escapes):
     """Escape entries (p, h) of each record, from its offset on, in increasing p."""
     n, k = bits.shape
@@ -248,23 +238,31 @@ def _encode_pass2(bits, exps, seg, offsets, escapes):
 
 
 @njit(parallel=True, cache=True)
-def _decode_rows(records, exps, n, k, lo_mask, lo_fill, out):
-    """Codes -> 16-bit patterns; escapes decode as their code. The low nibble is
-    (nibble & lo_mask) | lo_fill: (0xF, 0) decodes, (0, fill) gives the view approximation.
-    records: uint8 [NB*KB*REC_BYTES] flat; out: uint16 [N*K] flat. uint64 indices, 16-bit values:
-    vectorizes (see _encode_segment)."""
-    kb_n = (k + TK - 1) // TK
-    groups = (n + _ROW_GROUP - 1) // _ROW_GROUP
+def _decode_kernel(records, exps, counts, offsets, escapes, n, k, kc, lo_mask, lo_fill, patch, out):
+    """Codes -> 16-bit patterns, then (if patch) each escape's bits at its position.
+
+    One work item = one tile row nb and a chunk of kc records (columns); it writes out[rows of nb,
+    columns of the chunk] and patches the escapes of exactly those records, so items never touch the
+    same bytes and one parallel region does everything. The low nibble is (nibble & lo_mask) | lo_fill:
+    (0xF, 0) decodes, (0, fill) gives the 8-bit view. uint64 indices and 16-bit values: the inner
+    loop vectorizes (see _encode_segment). Returns the number of escape entries outside [0, 8192) or
+    in padding (skipped; the caller raises).
+    records: uint8 [NB*KB*REC_BYTES] flat; out: uint16 [N*K] flat."""
+    nb_n, kb_n = counts.shape
+    chunks = (kb_n + kc - 1) // kc
     m = np.uint16(lo_mask)
     f = np.uint16(lo_fill)
-    for g in prange(groups):
-        for row_i in range(g * _ROW_GROUP, min((g + 1) * _ROW_GROUP, n)):
-            nb = row_i // TN
-            r = row_i - nb * TN
+    bad = np.zeros(nb_n * chunks, dtype=np.int64)
+    for item in prange(nb_n * chunks):
+        nb = item // chunks
+        kb0 = (item - nb * chunks) * kc
+        kb1 = min(kb0 + kc, kb_n)
+        for r in range(min(TN, n - nb * TN)):
+            row_i = nb * TN + r
             # (b & 0x7F) + 8·(E_n − 15) = 8·e + (m >> 4), wrapping in 16 bits like the reference's
             # int32 -> int16 cast (exponents outside [16, 254] decode to the same bits as there)
             add = np.uint16(((np.int32(exps[row_i]) - (WIN - 1)) * 8) & 0xFFFF)
-            for kb in range(kb_n):
+            for kb in range(kb0, kb1):
                 col0 = kb * TK
                 width = min(TK, k - col0)
                 base = (nb * kb_n + kb) * REC_BYTES
@@ -293,27 +291,19 @@ def _decode_rows(records, exps, n, k, lo_mask, lo_fill, out):
                         lo = (((q >> (4 * (c // (TK // 2)))) & 0xF) & np.int32(lo_mask)) | np.int32(lo_fill)
                         h = ((b & 0x80) << 8) | ((((b & 0x7F) + np.int32(add)) << 4) & 0xFFFF) | lo
                         out[o0 + np.uint64(c)] = np.uint16(h)
-
-
-@njit(parallel=True, cache=True)
-def _decode_patch(counts, offsets, escapes, n, k, out):
-    """Writes each escape's bits at its position. Returns the number of entries in padding or out of
-    [0, 8192) (skipped; the caller raises)."""
-    nb_n, kb_n = counts.shape
-    bad = np.zeros(nb_n, dtype=np.int64)
-    for nb in prange(nb_n):
-        bad_here = 0
-        for kb in range(kb_n):
-            o = offsets[nb * kb_n + kb]
-            for i in range(o, o + counts[nb, kb]):
-                p = np.int32(escapes[i, 0])
-                row_i = nb * TN + (p >> 6)
-                col = kb * TK + (p & (TK - 1))
-                if p < 0 or p >= TW or row_i >= n or col >= k:
-                    bad_here += 1
-                    continue
-                out[row_i, col] = np.uint16(escapes[i, 1])
-        bad[nb] = bad_here
+        if patch:
+            bad_here = 0
+            for kb in range(kb0, kb1):
+                o = offsets[nb * kb_n + kb]
+                for i in range(o, o + counts[nb, kb]):
+                    p = np.int64(escapes[i, 0])
+                    row_i = nb * TN + (p >> 6)
+                    col = kb * TK + (p & (TK - 1))
+                    if p < 0 or p >= TW or row_i >= n or col >= k:
+                        bad_here += 1
+                        continue
+                    out[row_i * k + col] = np.uint16(escapes[i, 1])
+            bad[item] = bad_here
     return bad.sum()
 
 
@@ -342,8 +332,7 @@ def encode(bits: torch.Tensor, exponents: torch.Tensor | None = None):
     seg = np.empty((n_pad, kb), dtype=np.uint8)
     _encode_pass1(h.reshape(-1), n, k, forced, use_forced, records.reshape(-1), exps, seg.reshape(-1))
 
-    counts = np.empty((nb, kb), dtype=np.int32)
-    _encode_counts(seg, counts)
+    counts = seg.reshape(nb, TN, kb).sum(axis=1, dtype=np.int32)
     offsets = np.zeros(nb * kb + 1, dtype=np.int64)
     np.cumsum(counts.reshape(-1), out=offsets[1:])
     nnz = int(offsets[-1])
@@ -394,16 +383,16 @@ def decode(records, exponents, counts, escapes, n: int, k: int, lo_fill: int | N
         raise InputError(f"lo_fill must be a nibble value in [0, 15], found {lo_fill}")
     rec = _as_numpy(records)
     exps = _as_numpy(exponents)
+    nb, kb = tiles(n, k)
+    kc = min(kb, max(1, -(-nb * kb // _DECODE_ITEMS)))  # records per work item
     out = np.empty((n, k), dtype=np.uint16)
-    if lo_fill is None:
-        _decode_rows(rec.reshape(-1), exps, n, k, 0xF, 0, out.reshape(-1))
-    else:
-        _decode_rows(rec.reshape(-1), exps, n, k, 0, int(lo_fill), out.reshape(-1))
-    if lo_fill is None and escapes.shape[0]:
-        bad = _decode_patch(_as_numpy(counts), offsets, _as_numpy(escapes), n, k, out)
-        if bad:
-            raise EscapePositionError(
-                f"escapes: expected positions in [0, {TW}) outside padded rows/columns of a [{n}, {k}] "
-                f"matrix, found {bad} entries that are not"
-            )
+    mask, fill = (0xF, 0) if lo_fill is None else (0, int(lo_fill))
+    patch = lo_fill is None and escapes.shape[0] > 0
+    bad = _decode_kernel(rec.reshape(-1), exps, _as_numpy(counts), offsets, _as_numpy(escapes), n, k, kc, mask, fill,
+                         patch, out.reshape(-1))
+    if bad:
+        raise EscapePositionError(
+            f"escapes: expected positions in [0, {TW}) outside padded rows/columns of a [{n}, {k}] "
+            f"matrix, found {bad} entries that are not"
+        )
     return torch.from_numpy(out.view(np.int16))

@@ -79,10 +79,10 @@ _PTX_DECLS = """
     mov.b32 k38, 0x38383838;
     mov.b32 kor, 0x380F380F;
 """
-PTX_LO = "{" + _PTX_DECLS + _PTX_BODY.replace("NIB", "$3") + "}"
-PTX_HI = "{" + _PTX_DECLS + "    shr.u32 nh, $3, 4;\n" + _PTX_BODY.replace("NIB", "nh") + "}"
+PTX_LO = tl.constexpr("{" + _PTX_DECLS + _PTX_BODY.replace("NIB", "$3") + "}")
+PTX_HI = tl.constexpr("{" + _PTX_DECLS + "    shr.u32 nh, $3, 4;\n" + _PTX_BODY.replace("NIB", "nh") + "}")
 # 8-bit view: lo = 8, h = ((b << 8) & 0x8000) | (b << 4) | 0x3808
-PTX_VIEW = """{
+PTX_VIEW = tl.constexpr("""{
     .reg .b32 t, s, z, msk, kv;
     mov.b32 z, 0;
     mov.b32 msk, 0x80008000;
@@ -95,7 +95,7 @@ PTX_VIEW = """{
     shr.u32 s, t, 4;
     lop3.b32 s, t, msk, s, 0xEA;
     or.b32 $1, s, kv;
-}"""
+}""")
 
 
 @triton.jit
@@ -135,7 +135,7 @@ def _to_bf16(x, UPCAST: tl.constexpr):
 # --------------------------------------------------------------------------------------------------
 # Kernel
 # --------------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N", "tiles_per_split"])
 def _w12_gemm_kernel(
     # tensors
     x_ptr, rec_ptr, exp_ptr, esc_ptr, esc_off_ptr, esc_col_ptr, y_ptr, ws_ptr, tk_ptr,

@@ -23,13 +23,21 @@ class Lattice:
     cond: torch.Tensor | None = None  # [P, k, k] float64 or None; cond[0] is unused (parent = root)
 
     def __post_init__(self):
-        self.ids = torch.as_tensor(self.ids, dtype=torch.int64).reshape(-1, self.ids.shape[-1] if len(self.ids) else 0)
-        self.logp = torch.as_tensor(self.logp, dtype=torch.float64).reshape(self.ids.shape)
+        self.ids = torch.as_tensor(self.ids, dtype=torch.int64)
+        self.logp = torch.as_tensor(self.logp, dtype=torch.float64)
+        if self.ids.ndim != 2 or self.logp.shape != self.ids.shape:
+            raise LatticeError(f"ids and logp must both be [P, k], found {list(self.ids.shape)} and {list(self.logp.shape)}")
         if self.cond is not None:
             self.cond = torch.as_tensor(self.cond, dtype=torch.float64)
             P, k = self.ids.shape
             if self.cond.shape != (P, k, k):
                 raise LatticeError(f"cond must be [P, k, k] = [{P}, {k}, {k}], found {list(self.cond.shape)}")
+
+    def lists(self):
+        """(ids, logp, cond) as nested Python lists, computed once (tree builders read them often)."""
+        if getattr(self, "_lists", None) is None:
+            self._lists = (self.ids.tolist(), self.logp.tolist(), None if self.cond is None else self.cond.tolist())
+        return self._lists
 
     @property
     def positions(self) -> int:

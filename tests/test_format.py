@@ -108,3 +108,25 @@ def test_container_round_trip(tmp_path):
         assert bits_equal(f.matrix("model.layers.0.mlp.up_proj.weight").to_bf16(), w)
         assert bits_equal(f.tensor("model.norm.weight"), norm)
     assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_bits_per_weight_minilm_real_weights():
+    """Real trained weights (all-MiniLM-L6-v2 cast to BF16): the linear layers `w12 convert` converts."""
+    from safetensors import safe_open
+
+    from w12.convert.fixtures import minilm_fp32
+
+    bits = weights = escapes = 0
+    with safe_open(minilm_fp32() / "model.safetensors", framework="pt") as f:
+        for name in f.keys():
+            t = f.get_tensor(name)
+            if t.dim() == 2 and "embeddings" not in name:
+                w = t.to(torch.bfloat16)
+                m = W12Matrix.from_bf16(w)
+                assert bits_equal(m.to_bf16(), w)
+                bits += m.bits_per_weight * m.n * m.k
+                weights += m.n * m.k
+                escapes += m.nnz
+    print(f"MiniLM linear layers: {bits / weights:.4f} bits/weight, escape rate {escapes / weights:.2e}")
+    assert weights > 10_000_000
+    assert bits / weights <= 12.05

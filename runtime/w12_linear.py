@@ -1,0 +1,330 @@
+"""`W12Linear`: an `nn.Linear` replacement that holds a W12 matrix (SPEC.md §7) and no BF16 copy.
+
+    layer = W12Linear.from_linear(nn.Linear(4096, 4096, dtype=torch.bfloat16))   # encode
+    y = layer(x)                                # == F.linear(x, W, b) with the exact BF16 W
+    w = layer.dequantize()                      # the original BF16 weight, bit for bit
+
+The module's buffers carry exactly the checkpoint's names, dtypes and shapes, so a state dict loads
+and saves without any conversion:
+
+    weight               u8  [NB, KB, 12288]   records (the name of the original weight, on purpose)
+    weight_exponents     u8  [N_PAD]
+    weight_esc_counts    i32 [NB, KB]
+    weight_escapes       i16 [nnz, 2]
+    bias                 bf16 [N] (a Parameter, as in nn.Linear), optional
+
+Forward goes through one dispatch function, `w12_linear(x, module)`:
+
+* CUDA, with `w12.kernels` importable: the fused GEMM `torch.ops.w12.gemm` (escape tables prepared
+  once per module, see `prepare`); nothing but the W12 bytes and small escape tables live on the GPU.
+* CUDA without kernels: an exact decode in plain torch ops on the GPU (no host sync, graph safe),
+  then `F.linear`. Correct, but it materialises the BF16 matrix transiently.
+* CPU (and everything else): an exact decode (the numba codec, wrapped as the custom op
+  `w12_runtime::decode` so torch.compile sees one opaque node) + `F.linear` in BF16. Since the decoded
+  weight is bit-identical to the original and `F.linear` is the op `nn.Linear` calls, outputs are
+  bit-identical to the BF16 model's on the CPU.
+
+The CPU path decodes on every call. An optional LRU of decoded weights (`set_cpu_decode_cache`) trades
+memory for speed in eager CPU runs; it is OFF by default and never used under torch.compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from w12.formats.layout import REC_BYTES, TK, TN, WIN, padded, tiles
+
+log = logging.getLogger(__name__)
+
+BUFFER_NAMES = ("weight", "weight_exponents", "weight_esc_counts", "weight_escapes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact decode, CPU: the numba codec as an opaque custom op (torch.compile-friendly).
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("w12_runtime::decode", mutates_args=())
+def decode_op(records: torch.Tensor, exponents: torch.Tensor, esc_counts: torch.Tensor, escapes: torch.Tensor,
+              n: int, k: int) -> torch.Tensor:
+    """The exact BF16 matrix [n, k] of a W12 matrix (CPU: numba codec; other devices: torch ops)."""
+    if records.device.type == "cpu":
+        from w12.formats import fast
+
+        return fast.decode(records, exponents, esc_counts, escapes, n, k).view(torch.bfloat16)
+    idx, bits = escape_index(esc_counts, escapes, n, k)
+    return decode_torch(records, exponents, idx, bits, n, k)
+
+
+@decode_op.register_fake
+def _(records, exponents, esc_counts, escapes, n, k):
+    return records.new_empty((n, k), dtype=torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact decode in plain torch (any device, no host sync once the escape index is built).
+# ---------------------------------------------------------------------------------------------
+def escape_index(esc_counts: torch.Tensor, escapes: torch.Tensor, n: int, k: int):
+    """(flat index into the padded [N_PAD, K_PAD] matrix as int64 [nnz], original bits as int32 [nnz]).
+    Load-time helper (it syncs with the host: repeat_interleave has a data-dependent size)."""
+    nb, kb = tiles(n, k)
+    _, k_pad = padded(n, k)
+    dev = esc_counts.device
+    rec = torch.repeat_interleave(torch.arange(nb * kb, device=dev), esc_counts.reshape(-1).long(),
+                                  output_size=escapes.shape[0])
+    pos = escapes[:, 0].long()
+    rows = (rec // kb) * TN + pos // TK
+    cols = (rec % kb) * TK + pos % TK
+    return rows * k_pad + cols, escapes[:, 1].to(torch.int32) & 0xFFFF
+
+
+def decode_torch(records: torch.Tensor, exponents: torch.Tensor, esc_index: torch.Tensor, esc_bits: torch.Tensor,
+                 n: int, k: int) -> torch.Tensor:
+    """SPEC.md §4–6 in torch ops: records + exponents + escapes (as `escape_index` gives them) -> bf16 [n, k]."""
+    nb, kb = records.shape[0], records.shape[1]
+    n_pad, k_pad = nb * TN, kb * TK
+    r = records.to(torch.int32)
+    b = r[:, :, :TN * TK].reshape(nb, kb, TN, TK).permute(0, 2, 1, 3).reshape(n_pad, k_pad)
+    nib = r[:, :, TN * TK:REC_BYTES].reshape(nb, kb, TN, TK // 2)
+    lo = torch.cat([nib & 0xF, nib >> 4], dim=3).permute(0, 2, 1, 3).reshape(n_pad, k_pad)
+    top = exponents.to(torch.int32)[:, None]
+    h = ((b >> 7) << 15) | ((top - (WIN - 1) + ((b >> 3) & 0xF)) << 7) | ((b & 7) << 4) | lo
+    h = h.reshape(-1).index_put((esc_index,), esc_bits).reshape(n_pad, k_pad)[:n, :k]
+    h = torch.where(h > 32767, h - 65536, h).to(torch.int16)
+    return h.contiguous().view(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused CUDA kernels (another layer, w12.kernels). Only two published entry points are used:
+#   w12.kernels.gemm.prepare_escapes(counts, escapes) -> (esc_offsets, esc_cols)   (load time)
+#   torch.ops.w12.gemm(x2d_bf16, records, exponents, escapes, esc_offsets, esc_cols, n) -> bf16 [M, n]
+# If either is missing or raises on import, CUDA falls back to decode_torch + F.linear.
+# ---------------------------------------------------------------------------------------------
+_KERNELS: dict = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def kernel_backend():
+    """The CUDA kernel entry points as (prepare_escapes, gemm op), or None when w12.kernels is unusable."""
+    with _KERNELS_LOCK:
+        if "backend" not in _KERNELS:
+            try:
+                from w12.kernels import gemm as _gemm
+                from w12.kernels import ops as _ops  # noqa: F401  (registers torch.ops.w12.*)
+
+                _KERNELS["backend"] = (_gemm.prepare_escapes, torch.ops.w12.gemm)
+            except Exception as e:  # ImportError, no triton, an API change: decode instead, loudly once
+                log.warning("w12: fused kernels unavailable (%s: %s); CUDA layers decode to BF16 per call",
+                            type(e).__name__, e)
+                _KERNELS["backend"] = None
+        return _KERNELS["backend"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional CPU LRU of decoded weights (OFF by default).
+# ---------------------------------------------------------------------------------------------
+class _DecodeCache:
+    """LRU of decoded BF16 weights keyed by module, at most `max_bytes` in total. Eager CPU only."""
+
+    def __init__(self):
+        self.max_bytes = 0
+        self.items: OrderedDict[int, tuple] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, module: "W12Linear"):
+        with self.lock:
+            item = self.items.get(id(module))
+            if item is None:
+                return None
+            ref, version, w = item
+            if ref() is not module or version != module.weight._version:
+                self._drop(id(module))
+                return None
+            self.items.move_to_end(id(module))
+            return w
+
+    def put(self, module: "W12Linear", w: torch.Tensor) -> None:
+        size = w.numel() * w.element_size()
+        with self.lock:
+            if size > self.max_bytes:
+                return
+            self._drop(id(module))
+            while self.items and self.bytes + size > self.max_bytes:
+                self._drop(next(iter(self.items)))
+            self.items[id(module)] = (weakref.ref(module), module.weight._version, w)
+            self.bytes += size
+
+    def _drop(self, key) -> None:
+        item = self.items.pop(key, None)
+        if item is not None:
+            self.bytes -= item[2].numel() * item[2].element_size()
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+            self.bytes = 0
+
+
+_CACHE = _DecodeCache()
+
+
+def set_cpu_decode_cache(max_bytes: int) -> None:
+    """Keep up to `max_bytes` of decoded BF16 weights of CPU W12Linear layers (LRU), 0 = off (default).
+    Only eager CPU forwards use it; it holds plain BF16 copies, so it gives back what W12 saves."""
+    _CACHE.max_bytes = int(max_bytes)
+    if not max_bytes:
+        _CACHE.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The module and its dispatch.
+# ---------------------------------------------------------------------------------------------
+class W12Linear(nn.Module):
+    """y = x · Wᵀ + b with W stored as a W12 matrix (four buffers) and b in BF16."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, nnz: int = 0,
+                 device=None, bias_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        nb, kb = tiles(self.out_features, self.in_features)
+        n_pad, _ = padded(self.out_features, self.in_features)
+        self.register_buffer("weight", torch.zeros(nb, kb, REC_BYTES, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_exponents", torch.full((n_pad,), 16, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_esc_counts", torch.zeros(nb, kb, dtype=torch.int32, device=device))
+        self.register_buffer("weight_escapes", torch.zeros(int(nnz), 2, dtype=torch.int16, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=bias_dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+        self.w12_sha256: str | None = None  # SHA-256 of the original BF16 bytes, when known (SPEC.md §7)
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_matrix(cls, m, bias: torch.Tensor | None = None, sha256: str | None = None) -> "W12Linear":
+        """From a `W12Matrix` (validated) and an optional bias."""
+        n, k = m.shape
+        layer = cls(k, n, bias=bias is not None, nnz=m.nnz, device="meta")
+        layer.load_matrix(m)
+        if bias is not None:
+            layer.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        layer.w12_sha256 = sha256
+        return layer
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "W12Linear":
+        """Encode an nn.Linear with a BF16 weight (exact). The result lives on the linear's device."""
+        from w12.convert.convert import hash_tensor
+        from w12.formats.matrix import W12Matrix
+
+        w = linear.weight.detach()
+        m = W12Matrix.from_bf16(w)
+        layer = cls.from_matrix(m, linear.bias, hash_tensor(w.cpu()))
+        return layer.to(w.device)
+
+    def load_matrix(self, m) -> None:
+        """Replace the four buffers by a `W12Matrix`'s tensors (shape must match)."""
+        if tuple(m.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"W12 matrix of shape {list(m.shape)} for a layer of shape "
+                             f"[{self.out_features}, {self.in_features}]")
+        self.weight, self.weight_exponents = m.records, m.exponents
+        self.weight_esc_counts, self.weight_escapes = m.esc_counts, m.escapes
+        self._clear_prepared()
+
+    def matrix(self):
+        """The four buffers as a validated `W12Matrix` on the CPU (runs the checks of SPEC.md §9)."""
+        from w12.formats.matrix import W12Matrix
+
+        return W12Matrix(self.weight.cpu(), self.weight_exponents.cpu(), self.weight_esc_counts.cpu(),
+                         self.weight_escapes.cpu(), (self.out_features, self.in_features))
+
+    # ---- device preparation (CUDA) ----------------------------------------------------------
+    def _clear_prepared(self) -> None:
+        for name in ("_esc_offsets", "_esc_cols", "_esc_index", "_esc_bits"):
+            self._buffers.pop(name, None)
+            self.__dict__.pop(name, None)
+
+    def prepare(self) -> None:
+        """Build the small per-matrix escape tables the CUDA paths need, once, on the buffers' device.
+        Non-persistent buffers: they follow .to() but are never saved. A no-op on the CPU."""
+        self._clear_prepared()
+        if self.weight.device.type in ("cpu", "meta"):
+            return
+        backend = kernel_backend()
+        if backend is not None:
+            offs, cols = backend[0](self.weight_esc_counts, self.weight_escapes)
+            self.register_buffer("_esc_offsets", offs, persistent=False)
+            self.register_buffer("_esc_cols", cols, persistent=False)
+        else:
+            idx, bits = escape_index(self.weight_esc_counts, self.weight_escapes, self.out_features, self.in_features)
+            self.register_buffer("_esc_index", idx, persistent=False)
+            self.register_buffer("_esc_bits", bits, persistent=False)
+
+    def _prepared_for(self, device: torch.device) -> bool:
+        t = self._buffers.get("_esc_offsets", self._buffers.get("_esc_index"))
+        return t is not None and t.device == device
+
+    # ---- use ----------------------------------------------------------------------------------
+    def dequantize(self) -> torch.Tensor:
+        """The original BF16 weight [N, K], bit for bit, on the buffers' device."""
+        return decode_op(self.weight, self.weight_exponents, self.weight_esc_counts, self.weight_escapes,
+                         self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return w12_linear(x, self)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, escapes={self.weight_escapes.shape[0]}")
+
+
+def w12_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
+    """The one dispatch point: fused kernel on CUDA when available, else exact decode + F.linear."""
+    bias = module.bias
+    if x.is_cuda:
+        if not module._prepared_for(module.weight.device):
+            if torch.compiler.is_compiling():
+                raise RuntimeError("W12Linear on CUDA was not prepared before torch.compile; call "
+                                   "w12.runtime.prepare(model) after moving the model")
+            module.prepare()
+        if "_esc_offsets" in module._buffers and x.dtype == torch.bfloat16:
+            x2 = x.reshape(-1, x.shape[-1])
+            if x2.stride(-1) != 1:
+                x2 = x2.contiguous()
+            y = torch.ops.w12.gemm(x2, module.weight, module.weight_exponents, module.weight_escapes,
+                                   module._esc_offsets, module._esc_cols, module.out_features)
+            y = y.reshape(*x.shape[:-1], module.out_features)
+            return y + bias if bias is not None else y
+        if "_esc_index" not in module._buffers:  # kernels present but x not bf16: build the decode index
+            idx, bits = escape_index(module.weight_esc_counts, module.weight_escapes, module.out_features,
+                                     module.in_features)
+            module.register_buffer("_esc_index", idx, persistent=False)
+            module.register_buffer("_esc_bits", bits, persistent=False)
+        w = decode_torch(module.weight, module.weight_exponents, module._esc_index, module._esc_bits,
+                         module.out_features, module.in_features)
+    else:
+        w = None
+        use_cache = _CACHE.max_bytes > 0 and not torch.compiler.is_compiling()
+        if use_cache:
+            w = _CACHE.get(module)
+        if w is None:
+            w = decode_op(module.weight, module.weight_exponents, module.weight_esc_counts, module.weight_escapes,
+                          module.out_features, module.in_features)
+            if use_cache:
+                _CACHE.put(module, w)
+    if w.dtype != x.dtype:  # e.g. fp32 activations: the exact BF16 weight, cast like a BF16 model would need
+        w = w.to(x.dtype)
+    return F.linear(x, w, bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype))
+
+
+def prepare(model: nn.Module) -> nn.Module:
+    """Prepare every W12Linear of `model` for its current device (call after moving a model to CUDA)."""
+    for m in model.modules():
+        if isinstance(m, W12Linear):
+            m.prepare()
+    return model
