@@ -119,9 +119,15 @@ def spin(ms=40):
 
 
 def bench(fn, rep=40):
-    fn()  # compile outside the timing
-    spin()
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3  # µs
+    """Median µs of fn captured in a CUDA graph, replayed by do_bench (L2 flushed before each replay).
+    A graph, because the Python launcher costs more host time than do_bench's L2 flush hides: without
+    it the GPU idles between the start event and the kernel and small kernels read 2-4× slow, at random."""
+    fn()  # compile (and allocate the split-K tickets) outside the capture
+    torch.cuda.synchronize()
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        fn()
+    return triton.testing.do_bench(gr.replay, warmup=25, rep=rep, return_mode="median") * 1e3
 
 
 def rel(y, ref):
@@ -152,6 +158,10 @@ class Mat:
         return self.n * self.k * 2 + x
 
 
+def base_split(n, k):
+    return g.pick_config(1, n, k).split
+
+
 def candidates(n, k, m, view):
     base = g.pick_config(m, n, k, view)
     s = base.split
@@ -167,7 +177,7 @@ def candidates(n, k, m, view):
             out.append(g.Config(bm=1, split=2 * s, num_warps=8, num_stages=1))
         return out
     bm = g._m_bucket(m)
-    out = [g.Config(bm, sp, 4, 3) for sp in splits] + [g.Config(bm, s, 4, 1)]
+    out = [g.Config(bm, sp, 4, 3) for sp in splits] + [g.Config(bm, s, 4, 1), g.Config(bm, s, 4, 3, 1)]
     if m == 128:
         out.append(g.Config(64, s, 4, 3))
     return out
@@ -280,19 +290,20 @@ def main():
                         res.append((bench(lambda: mt.run(x, view=view, cfg=cfg), rep=20), cfg))
                     except Exception as e:
                         print(f"  config {cfg} failed: {type(e).__name__}: {str(e)[:150]}")
-                if m == 1 and not view:
-                    res.append((bench(lambda: mt.run(x, use_ptx=False), rep=20), "portable-default"))
+                if m == 1:
+                    c0 = g.Config(1, base_split(n, k), 4, 1, 0)
+                    res.append((bench(lambda: mt.run(x, view=view, cfg=c0), rep=20), "portable"))
                 res.sort(key=lambda r: r[0])
                 cfgs = [r for r in res if isinstance(r[1], g.Config)]
                 best[(n, k, g._m_bucket(m), view)] = cfgs[0][1]
                 print(f"sweep {n}x{k} M={m} view={view}: " + ", ".join(
-                    f"{t:.1f}" + ("" if not isinstance(c, g.Config) else f"[{c.bm},{c.split},{c.num_warps},{c.num_stages}]")
+                    f"{t:.1f}" + ("" if not isinstance(c, g.Config) else f"[{c.bm},{c.split},{c.num_warps},{c.num_stages},{c.ptx}]")
                     + ("" if isinstance(c, g.Config) else f"({c})") for t, c in res[:6]))
         g.TABLE.update(best)
         with open(os.path.join(args.out, "table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: Config({c.bm}, {c.split}, {c.num_warps}, {c.num_stages}),\n")
+                fh.write(f"    {key}: Config({c.bm}, {c.split}, {c.num_warps}, {c.num_stages}, {c.ptx}),\n")
             fh.write("}\n")
 
     # ---- 4. timing
@@ -307,7 +318,7 @@ def main():
             c = g.pick_config(m, n, k)
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, view=t_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
-                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=f"{c.bm}/{c.split}/{c.num_warps}/{c.num_stages}"))
+                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=f"{c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"))
     write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start)
 
 
@@ -327,7 +338,7 @@ def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs):
          f"- GPU: {dev}; torch {torch.__version__}; triton {triton.__version__}",
          f"- commit: {head}" + (" (working tree had uncommitted kernel changes)" if dirty else ""),
          f"- command: `{cmd}`",
-         "- timing: triton.testing.do_bench (launches queued, L2 flushed, median); µs; TB/s = bytes read / time",
+         "- timing: each call captured in a CUDA graph, replays timed by triton.testing.do_bench (launches queued, L2 flushed, median); µs; TB/s = bytes read / time",
          "  (W12: 12 KB/record + exponents + counts + escapes + x + y; view: 8 KB/record; cuBLAS: 2·N·K + x + y)",
          f"- checks: CUDA graph replay equal {graph_ok}; torch.compile(fullgraph) equal {comp_ok}; wall {secs:.0f} s", "",
          "## Correctness (max over M of ‖y − ref‖∞/‖ref‖∞ against decoded weights → fp32 matmul)", "",
@@ -342,7 +353,7 @@ def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs):
         b = [x["cublas"] / x["view"] for x in r]
         L.append(f"| {m} | {geo(a):.3f} | {min(a):.3f} | {geo(b):.3f} | {min(b):.3f} |")
     L += ["", "## Full table", "",
-          "| N×K | M | cuBLAS µs | W12 µs | view µs | W12/cuBLAS | view/cuBLAS | cuBLAS TB/s | W12 TB/s | view TB/s | cfg bm/split/warps/stages |",
+          "| N×K | M | cuBLAS µs | W12 µs | view µs | W12/cuBLAS | view/cuBLAS | cuBLAS TB/s | W12 TB/s | view TB/s | cfg bm/split/warps/stages/ptx |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         L.append(f"| {x['n']}×{x['k']} | {x['m']} | {x['cublas']:.1f} | {x['w12']:.1f} | {x['view']:.1f} | "

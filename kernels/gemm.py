@@ -256,6 +256,7 @@ class Config:
     split: int  # K splits
     num_warps: int = 4
     num_stages: int = 2
+    ptx: int = -1  # decode path: 1 inline PTX, 0 portable, -1 default (PTX for the GEMV, portable for tl.dot)
 
 
 NUM_SMS = 132  # H200; only used to size split-K
@@ -327,7 +328,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     else:
         escapes = esc_offsets = esc_cols = exponents  # unused placeholders
     cfg = config or pick_config(m, n, k, view)
-    use_ptx = USE_PTX if use_ptx is None else use_ptx
+    if use_ptx is None:
+        use_ptx = USE_PTX and (cfg.ptx == 1 or (cfg.ptx == -1 and cfg.bm == 1))
     upcast = INTERPRET if upcast is None else upcast
     bm = cfg.bm
     grid_m = triton.cdiv(m, bm)

@@ -146,5 +146,15 @@ def decode(w12dir, out):
     click.echo(f"wrote {path}")
 
 
+def _register():
+    from w12.cli_pricing import bench, costmodel
+    from w12.cli_upload import upload
+
+    for command in (costmodel, bench, upload):
+        main.add_command(command)
+
+
+_register()
+
 if __name__ == "__main__":
     main()
