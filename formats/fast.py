@@ -83,7 +83,7 @@ def _forced_exponents(exponents, n: int, n_pad: int) -> np.ndarray:
 # kernels
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _top_exponent(h, i0, k, ebuf, hist):
     """E_n of the row h[i0 : i0 + k] (uint16 patterns) per SPEC.md §3.
     Scratch: ebuf uint8 [>= k] (the row's exponent fields), hist uint32 [8 * 256]."""
@@ -117,7 +117,7 @@ def _top_exponent(h, i0, k, ebuf, hist):
     return best_e
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _encode_segment(h, i0, width, lo8, rec, v0, n0):
     """Codes of the 16-bit patterns h[i0 : i0 + width] (width <= 64) into one record row: 64 view
     bytes at rec[v0:] and 32 nibble bytes at rec[n0:] (SPEC.md §5); columns past width are padding

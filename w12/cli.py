@@ -6,28 +6,8 @@ import sys
 
 import click
 
-from w12.formats.errors import W12Error
 
-EXIT_OK, EXIT_MISMATCH, EXIT_UNUSABLE = 0, 1, 2
-
-
-def run(fn, *args, **kwargs):
-    """Call a library function; any W12Error becomes `error: …` on stderr and exit code 2."""
-    try:
-        return fn(*args, **kwargs)
-    except W12Error as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(EXIT_UNUSABLE)
-    except KeyboardInterrupt:
-        click.echo("interrupted; completed shards are kept: re-run with --resume to continue", err=True)
-        sys.exit(130)
-
-
-def human(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
+from w12.cli_common import EXIT_MISMATCH, EXIT_OK, EXIT_UNUSABLE, human, run  # noqa: F401
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,7 +52,8 @@ def convert(src, out, include, exclude, cast_bf16, dry_run, resume, overwrite, a
     if dry_run:
         plan = run(make_plan, src, out, options)
     else:
-        plan = run(do_convert, src, out, options, resume=resume, overwrite=overwrite, progress=not as_json)
+        plan = run(do_convert, src, out, options, resume=resume, overwrite=overwrite, progress=not as_json,
+                   on_interrupt="interrupted; the completed shards are kept: re-run with --resume to continue")
     if as_json:
         click.echo(json.dumps({"dry_run": dry_run, **plan.to_dict()}, indent=1))
         return

@@ -54,7 +54,7 @@ def bench(paired, requests_file, repeats, limit, as_json):
     """
     from w12.specdec.paired_bench import paired_benchmark
 
-    from w12.cli import EXIT_UNUSABLE
+    from w12.cli_common import EXIT_UNUSABLE
 
     requests = [line for line in open(requests_file) if line.strip()][:limit]
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from w12.cli import EXIT_OK, human, run
+from w12.cli_common import EXIT_OK, human, run
 
 
 @click.command()
