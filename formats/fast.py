@@ -1,4 +1,4 @@
-"""Fast W12 encoder and decoder (numba, parallel over rows).
+"""Fast W12 encoder and decoder (numba, parallel).
 
 Same signatures and byte-identical outputs as `formats.reference` (tests/test_fast_codec.py compares
 the two). Differences from the reference, on inputs the reference does not check:
@@ -14,18 +14,23 @@ the two). Differences from the reference, on inputs the reference does not check
 
 How it works (SPEC.md §3–6):
 
-encode, pass 1 (parallel over groups of rows): per row, a 256-bin histogram of the exponent field,
-a sliding 16-wide window sum over [16, 254] for E_n (the lowest argmax), then the row's view bytes
-and nibble bytes are written into its 64-byte and 32-byte slots of each record, and the number of
-escapes of each 64-column row segment is kept (`seg[n, kb]`, at most 64, one byte).
-Between passes: per-record counts (sum of `seg` over the 128 rows of the tile) and their exclusive
-cumulative sum, the offset of each record's first escape entry.
+encode, pass 1 (parallel over groups of 8 rows): per row, a 256-bin histogram of the exponent
+field (eight sub-histograms), a sliding 16-wide window sum over [16, 254] for E_n (the lowest
+argmax), then the row's view bytes and nibble bytes go into its 64-byte and 32-byte slots of each
+record, and the number of escapes of each 64-column row segment is kept (`seg[n, kb]`, <= 64).
+Between passes (numpy): per-record counts (sum of `seg` over the 128 rows of the tile) and their
+exclusive cumulative sum, the offset of each record's first escape entry.
 encode, pass 2 (parallel over tile rows): each record's escapes are written from its offset on in
 increasing position p = r·64 + c; only row segments with `seg > 0` are scanned again.
 
-decode (parallel over groups of rows): per row, h = sign | (b & 0x7F) + 8·(E_n − 15) << 4 | lo, in
-16-bit arithmetic, which equals the reference's formula; then (unless lo_fill is given) each tile
-row's escapes are patched in.
+decode (one parallel region over (tile row, chunk of records) items): per weight,
+h = sign << 8 | ((b & 0x7F) + 8·(E_n − 15)) << 4 | lo in 16-bit arithmetic (the reference's formula,
+bit for bit), then, unless lo_fill is given, the escapes of the item's records are patched in.
+
+The per-weight loops keep values in 16 bits and index with uint64 (numba adds a negative-index
+wraparound select to signed indices, which stops LLVM's vectorizer): they compile to AVX-512/AVX2
+code with 16-bit lanes. Slicing arrays inside the kernels is avoided (each slice costs an atomic
+reference count update shared by all threads).
 
 Every byte of the outputs is written by the kernels (padding included), so outputs are allocated
 with np.empty and handed to torch without a copy.
@@ -36,7 +41,7 @@ import torch
 from numba import njit, prange
 
 from .errors import EscapeCountError, EscapePositionError, InputError, TensorLayoutError
-from .layout import E_HI, E_LO, NIB_BYTES, REC_BYTES, TK, TN, TW, VIEW_BYTES, WIN, padded, tiles
+from .layout import E_HI, E_LO, REC_BYTES, TK, TN, TW, VIEW_BYTES, WIN, padded, tiles
 
 _ROW_GROUP = 8  # rows per encode work item (keeps per-item scratch allocation negligible)
 _DECODE_ITEMS = 64  # decode work items to aim for (tile rows x column chunks)
@@ -125,8 +130,8 @@ def _encode_segment(h, i0, width, lo8, rec, v0, n0):
 
     The full-width path keeps every value in 16 bits and indexes with uint64 (numba adds no
     negative-index wraparound for unsigned indices), so LLVM vectorizes it with 16-bit lanes."""
-    esc = np.int32(0)
     if width == TK:
+        acc = np.uint16(0)  # a 16-bit counter keeps the reduction in 16-bit lanes too
         for j in range(_U32):
             h0 = h[i0 + j]
             h1 = h[i0 + j + _U32]
@@ -142,8 +147,10 @@ def _encode_segment(h, i0, width, lo8, rec, v0, n0):
             l0 = np.uint8(h0 & np.uint16(0xF)) if in0 else np.uint8(0)
             l1 = np.uint8(h1 & np.uint16(0xF)) if in1 else np.uint8(0)
             rec[n0 + j] = np.uint8(l0 | np.uint8(l1 << np.uint8(4)))
-            esc += np.int32(not in0) + np.int32(not in1)
+            acc = np.uint16(acc + np.uint16(np.uint16(not in0) + np.uint16(not in1)))
+        return np.int64(acc)
     else:
+        esc = 0
         for j in range(TK // 2):
             l0 = 0
             l1 = 0

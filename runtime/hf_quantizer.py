@@ -245,7 +245,7 @@ class W12HfQuantizer(HfQuantizer):
         converted = {_checkpoint_name(model, n, tensors) or f"{n}.weight" for n in self.converted}
         kept_2d = [k[: -len(".weight")] for k, (_, shape) in tensors.items()
                    if len(shape) == 2 and k.endswith(".weight") and k not in converted]
-        cfg.modules_to_not_convert = sorted(set(kept) | set(kept_2d))
+        cfg.modules_to_not_convert = sorted(set(kept_2d) if tensors else set(kept))
         cfg.converted_count = len(self.converted)
 
     def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:

@@ -72,8 +72,15 @@ def speculative_generate(target, drafter, prompt: list[int], build, max_new_toke
     eos, ids = _eos(target, eos_token_id), list(prompt)
     gen, t0 = Generation([]), time.perf_counter()
     cache = DynamicCache(config=target.config)
-    if len(ids) > 1:
-        target(input_ids=torch.tensor([ids[:-1]]), cache=cache, use_cache=True, logits_to_keep=1)
+    # Prefill as plain decoding does (same shapes, so the first token is bit-for-bit its first token);
+    # every later token comes from a tree pass. taus count tree passes only.
+    first = target(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    gen.tokens.append(int(first.argmax()))
+    ids.append(gen.tokens[0])
+    if gen.tokens[0] in eos or max_new_tokens <= 1:
+        gen.tokens = gen.tokens[:max_new_tokens]
+        gen.seconds = time.perf_counter() - t0
+        return gen
     while len(gen.tokens) < max_new_tokens:
         td = time.perf_counter()
         tree = build(drafter.draft(ids), ids[-1])
@@ -107,3 +114,17 @@ def greedy_generate(target, prompt: list[int], max_new_tokens: int, eos_token_id
                           pad_token_id=eos[0] if eos else 0)
     tokens = out[0, len(prompt):].tolist()
     return Generation(tokens, [1] * len(tokens), time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def divergence(target, prompt: list[int], ref: list[int], got: list[int]) -> tuple[int, float] | None:
+    """Where `got` first leaves the reference `ref`, and the margin there: log p(ref token) − log p(got
+    token) under one teacher-forced pass of the target over prompt + ref (fp32 log-softmax). A small
+    margin (≲ 0.25 nat in BF16) is a near-tie flipped by rounding, which the paper's definition of an
+    exact pass allows; a large one is a bug. None when the outputs are equal."""
+    i = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    if i is None:
+        return None if len(ref) == len(got) else (min(len(ref), len(got)), float("nan"))
+    logits = target(input_ids=torch.tensor([list(prompt) + list(ref[:i + 1])])).logits[0, -2].float()
+    lp = torch.log_softmax(logits, -1)
+    return i, float(lp[ref[i]] - lp[got[i]])

@@ -2,8 +2,8 @@
 with no model in the loop.
 
 A `Record` holds, for one prompt, the target's greedy tokens t[0..T) and, for every j, the lattice the
-drafter returns after prompt + t[:j]. Replaying a builder is then exactly what the engine would do:
-j = 0; repeat { tree = build(lattice[j], root); τ = walk(tree, t[j:]); j += τ } — the drafter is
+drafter returns after prompt + t[:j]. Replaying a builder is then exactly what the engine would do
+(t[0] comes from the prefill, as in the engine): j = 1; repeat { tree = build(lattice[j], root); τ = walk(tree, t[j:]); j += τ } — the drafter is
 deterministic given the prefix and the target's continuation is known, so no model is needed.
 τ of a run = tokens / target passes (bonus token included).
 """
@@ -34,12 +34,12 @@ class Record:
 
     def steps(self):
         """(lattice, continuation) for every position: the input of Sequoia's rate estimate."""
-        return [(lat, self.tokens[j:j + lat.positions + 1]) for j, lat in enumerate(self.lattices)]
+        return [(lat, self.tokens[j:j + lat.positions + 1]) for j, lat in enumerate(self.lattices) if j]
 
 
 def replay(rec: Record, build) -> list[int]:
     """τ of each target pass when `build` (lattice, root) -> Tree drives generation over `rec`."""
-    taus, j = [], 0
+    taus, j = [], 1
     while j < len(rec.tokens):
         tau = walk(build(rec.lattices[j], rec.root(j)), rec.tokens[j:])
         taus.append(tau)
@@ -50,7 +50,7 @@ def replay(rec: Record, build) -> list[int]:
 def oracle(rec: Record) -> list[int]:
     """The oracle of the paper: keep accepting while the target's token is in the drafter's top-k at
     that position (any branch, as if the tree held every lattice path)."""
-    taus, j = [], 0
+    taus, j = [], 1
     while j < len(rec.tokens):
         lat, n = rec.lattices[j], 0
         ids = lat.lists()[0]
