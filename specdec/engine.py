@@ -34,7 +34,7 @@ class Generation:
 
     @property
     def tau(self) -> float:
-        return len(self.tokens) / len(self.taus) if self.taus else float("nan")
+        return sum(self.taus) / len(self.taus) if self.taus else float("nan")  # per tree pass
 
 
 def tree_inputs(tree: Tree, cached: int, dtype: torch.dtype):

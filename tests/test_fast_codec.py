@@ -104,6 +104,12 @@ def test_every_pattern_in_one_row_and_lowest_window_on_ties():
     assert int(enc[1][0]) == E_LO and enc[3].shape[0] == 5
 
 
+def test_no_escapes_at_all():
+    bits = torch.full((130, 70), 0x3F80, dtype=torch.int16)  # 1.0 everywhere; padding is not escaped
+    enc = check_against_reference(bits)
+    assert tuple(enc[3].shape) == (0, 2) and int(enc[2].sum()) == 0
+
+
 def test_spec_worked_example():
     """SPEC.md §10."""
     records, exps, counts, escapes = fast.encode(to_i16([[0x3F80, 0xBF00, 0x0000, 0x4040]]))

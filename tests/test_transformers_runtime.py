@@ -335,8 +335,9 @@ def chat_prompts(n):
 
 
 def test_smollm2_chat_greedy_is_exact(smollm2):
-    """3 mt-bench prompts through the chat template, 64 new tokens each: identical tokens. The (documented,
-    default-off) CPU decode cache keeps this test fast; per-call decoding is covered by the tiny models."""
+    """3 mt-bench prompts (W12_SMOLLM2_PROMPTS=20 for a longer run) through the chat template, 64 new tokens
+    each: identical tokens. The (documented, default-off) CPU decode cache keeps this test fast; per-call
+    decoding is covered by the tiny models."""
     from transformers import AutoTokenizer
 
     src, dst = smollm2
@@ -346,7 +347,8 @@ def test_smollm2_chat_greedy_is_exact(smollm2):
     assert model.config.tie_word_embeddings and not isinstance(model.lm_head, W12Linear)
     set_cpu_decode_cache(1 << 30)
     try:
-        for prompt in chat_prompts(3):
+        prompts = chat_prompts(int(os.environ.get("W12_SMOLLM2_PROMPTS", "3")))
+        for prompt in prompts:
             enc = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                           return_tensors="pt", return_dict=True)
             kw = dict(max_new_tokens=64, do_sample=False)

@@ -1,0 +1,180 @@
+"""BF16 vs W12 greedy decoding through stock Transformers (static cache + torch.compile), one run.
+
+A Llama-3.1-8B-shaped model with random weights is saved as BF16, converted with `w12 convert`, and both
+checkpoints are loaded with `from_pretrained` (after `w12.patch_transformers()`). Each decodes the same
+64-token prompt for 256 new tokens, batch 1, greedy, `cache_implementation="static"` with the default
+CompileConfig (inductor, CUDA graphs). Reported: decode tokens/s of each, the W12/BF16 ratio, and token
+agreement (W12's fused kernel accumulates in another order than cuBLAS, so a random model's argmax may
+flip at near-ties; the index of the first differing token is printed).
+
+    python bench/hf_decode.py                     # GPU: the real measurement (needs ~45 GB of disk)
+    python bench/hf_decode.py --tiny              # CPU smoke test of the whole pipeline (seconds)
+    python bench/hf_decode.py --json out.json     # also write the figures as JSON
+
+Decode tokens/s = (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are
+subtracted, so the figure is the steady per-token rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+
+
+def llama_config(tiny: bool):
+    from transformers import LlamaConfig
+
+    if tiny:
+        return LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                           num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                           rope_theta=500000.0, tie_word_embeddings=False)
+    return LlamaConfig(  # meta-llama/Llama-3.1-8B
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192})
+
+
+def build_checkpoints(cfg, workdir: str, device: str, seed: int) -> tuple[str, str]:
+    """Random BF16 model (built on `device`, N(0, 0.02) weights) -> workdir/bf16, converted -> workdir/w12."""
+    from transformers import LlamaForCausalLM
+
+    from w12.convert.convert import convert
+
+    bf16_dir, w12_dir = os.path.join(workdir, "bf16"), os.path.join(workdir, "w12")
+    torch.manual_seed(seed)
+    t = time.perf_counter()
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(bf16_dir)
+    del model
+    gc.collect()
+    print(f"built and saved the BF16 checkpoint in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    t = time.perf_counter()
+    convert(bf16_dir, w12_dir, overwrite=True)
+    print(f"converted to W12 in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return bf16_dir, w12_dir
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config, repeats: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    t = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(path, device_map=device)
+    load_s = time.perf_counter() - t
+    ids = prompt.to(device)
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, cache_implementation="static",
+              pad_token_id=0, compile_config=compile_config)
+
+    def gen(n):
+        sync(device)
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        sync(device)
+        return out, time.perf_counter() - t0
+
+    t = time.perf_counter()
+    gen(new_tokens)  # compile + warm-up (the timed full-length runs below reuse the same static cache shape)
+    warm_s = time.perf_counter() - t
+    full = min((gen(new_tokens) for _ in range(repeats)), key=lambda r: r[1])
+    first = min((gen(1) for _ in range(repeats)), key=lambda r: r[1])
+    decode_s = full[1] - first[1]
+    mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    weight_bytes = sum(b.numel() * b.element_size() for b in list(model.parameters()) + list(model.buffers()))
+    res = {"path": path, "load_s": load_s, "warmup_s": warm_s, "total_s": full[1], "prefill_and_first_s": first[1],
+           "decode_tok_s": (new_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
+           "weights_and_buffers_bytes": weight_bytes, "max_cuda_mem_bytes": mem,
+           "compiled": getattr(model, "_compiled_call", None) is not None,
+           "tokens": full[0][0, ids.shape[1]:].tolist()}
+    del model
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return res
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (eager compile backend)")
+    ap.add_argument("--device", default=None, help="default: cuda (cpu with --tiny)")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (the fastest is kept)")
+    ap.add_argument("--workdir", default=None, help="where the checkpoints go (default: a temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the checkpoints in --workdir")
+    ap.add_argument("--reuse", action="store_true", help="reuse workdir/bf16 and workdir/w12 if present")
+    ap.add_argument("--compile-backend", default=None, help="CompileConfig backend (default inductor; eager with --tiny)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the result to this file")
+    args = ap.parse_args(argv)
+
+    import w12
+    from transformers import CompileConfig
+
+    w12.patch_transformers()
+    device = args.device or ("cpu" if args.tiny else "cuda")
+    if args.tiny:
+        args.new_tokens = min(args.new_tokens, 8)
+        args.prompt_tokens = min(args.prompt_tokens, 16)
+        args.repeats = 1
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("no CUDA device: run with --tiny for the CPU smoke test")
+    backend = args.compile_backend or ("eager" if device == "cpu" else "inductor")
+    cc = CompileConfig(backend=backend) if backend != "inductor" else CompileConfig()
+    cc._compile_all_devices = True  # lets the CPU smoke test take the compiled path too
+
+    cfg = llama_config(args.tiny)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="w12-hf-decode-")
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        have = all(os.path.exists(os.path.join(workdir, d, "config.json")) for d in ("bf16", "w12"))
+        if args.reuse and have:
+            bf16_dir, w12_dir = os.path.join(workdir, "bf16"), os.path.join(workdir, "w12")
+        else:
+            bf16_dir, w12_dir = build_checkpoints(cfg, workdir, device, args.seed)
+        gen = torch.Generator().manual_seed(args.seed + 1)
+        prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
+        bf16 = run_one(bf16_dir, device, prompt, args.new_tokens, cc, args.repeats)
+        w12r = run_one(w12_dir, device, prompt, args.new_tokens, cc, args.repeats)
+    finally:
+        if not (args.keep or args.workdir):
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    a, b = bf16.pop("tokens"), w12r.pop("tokens")
+    first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    result = {
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+        "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random weights)",
+        "batch": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+        "compile_backend": backend, "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "bf16": bf16, "w12": w12r,
+        "speedup_w12_over_bf16": w12r["decode_tok_s"] / bf16["decode_tok_s"],
+        "token_agreement": sum(x == y for x, y in zip(a, b)) / len(a),
+        "first_differing_token": first_diff,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
