@@ -135,7 +135,8 @@ def _encode_segment(h, i0, width, lo8, rec, v0, n0):
         for j in range(_U32):
             h0 = h[i0 + j]
             h1 = h[i0 + j + _U32]
-            # t = 8·e + (m >> 4) − 8·(E_n − 15) = 8·u + (m >> 4); in window iff 0 <= t < 128
+            # t = 8·e + (m >> 4) − 8·(E_n − 15) = 8·u + (m >> 4); in window iff 0 <= t < 128 (as E_n is
+            # in [16, 254], that also means 1 <= e <= 254: no separate test for normal weights)
             t0 = np.uint16(np.uint16(np.uint16(h0 >> np.uint16(4)) & np.uint16(0x7FF)) - lo8)
             t1 = np.uint16(np.uint16(np.uint16(h1 >> np.uint16(4)) & np.uint16(0x7FF)) - lo8)
             in0 = t0 < np.uint16(128)

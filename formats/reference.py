@@ -82,7 +82,7 @@ def escape_coordinates(counts: torch.Tensor, escapes: torch.Tensor):
 
 def decode(records, exponents, counts, escapes, n: int, k: int, lo_fill: int | None = None):
     """Back to int16 [N, K] BF16 patterns. lo_fill=8 gives the 8-bit view (SPEC.md §4), whose
-    escapes keep their code value."""
+    escapes keep their code value. Inputs must have passed W12Matrix.validate (no bounds checks here)."""
     n_pad, k_pad = padded(n, k)
     b, lo = unpack_codes(records, n_pad, k_pad)
     if lo_fill is not None:
