@@ -29,9 +29,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .lm_head_int8 import ABS_PAD, MUL_PAD, REL_PAD, CertifiedHead, x_norm
+from . import lm_head_int8 as _ref
+from .lm_head_int8 import CertifiedHead, x_norm
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# the padding constants of the bound (kernels/lm_head_int8.py), as constexpr globals a @triton.jit body may read
+MUL_PAD = tl.constexpr(_ref.MUL_PAD)
+REL_PAD = tl.constexpr(_ref.REL_PAD)
+ABS_PAD = tl.constexpr(_ref.ABS_PAD)
 
 
 @triton.jit
