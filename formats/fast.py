@@ -179,7 +179,7 @@ def _encode_segment(h, i0, width, lo8, rec, v0, n0):
     return esc
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _encode_pass1(bits, n, k, forced, use_forced, records, exps, seg):
     """Per row: E_n, codes into the records, escapes per 64-column segment. Padded rows too.
     bits: uint16 [N*K] flat; records: uint8 [NB*KB*REC_BYTES] flat; seg: uint8 [N_PAD*KB] flat."""
@@ -220,7 +220,7 @@ def _encode_pass1(bits, n, k, forced, use_forced, records, exps, seg):
                 )
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _encode_pass2(bits, exps, seg, offsets, escapes):
     """Escape entries (p, h) of each record, from its offset on, in increasing p."""
     n, k = bits.shape
@@ -245,7 +245,7 @@ def _encode_pass2(bits, exps, seg, offsets, escapes):
                         o += 1
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def _decode_kernel(records, exps, counts, offsets, escapes, n, k, kc, lo_mask, lo_fill, patch, out):
     """Codes -> 16-bit patterns, then (if patch) each escape's bits at its position.
 
