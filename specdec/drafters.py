@@ -23,6 +23,8 @@ from .lattice import Lattice
 
 
 class ModelDrafter:
+    """Sequential drafting with any HF causal LM: P steps of its own top-1, top-k recorded at each."""
+
     def __init__(self, model, positions: int = 8, topk: int = 16):
         self.model, self.positions, self.topk = model, positions, topk
         self._ids: list[int] = []

@@ -2,10 +2,14 @@
 with no model in the loop.
 
 A `Record` holds, for one prompt, the target's greedy tokens t[0..T) and, for every j, the lattice the
-drafter returns after prompt + t[:j]. Replaying a builder is then exactly what the engine would do
-(t[0] comes from the prefill, as in the engine): j = 1; repeat { tree = build(lattice[j], root); τ = walk(tree, t[j:]); j += τ } — the drafter is
-deterministic given the prefix and the target's continuation is known, so no model is needed.
-τ of a run = tokens / target passes (bonus token included).
+drafter returns after prompt + t[:j]. Replaying a builder is then exactly what the engine does (t[0]
+comes from the prefill, as in the engine):
+
+    j = 1
+    repeat: tree = build(lattice[j], root = t[j-1]);  τ = walk(tree, t[j:]);  j += τ
+
+The drafter is deterministic given the prefix and the target's continuation is known, so no model is
+needed. τ of a run = Σ τ / passes (bonus token included).
 """
 
 from __future__ import annotations

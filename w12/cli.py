@@ -129,9 +129,10 @@ def decode(w12dir, out):
 
 def _register():
     from w12.cli_pricing import bench, costmodel
+    from w12.cli_specdec import specdec
     from w12.cli_upload import upload
 
-    for command in (costmodel, bench, upload):
+    for command in (costmodel, bench, upload, specdec):
         main.add_command(command)
 
 
