@@ -4,10 +4,11 @@
 #   make test   set up and run the test suite (what .ci/run runs)
 PYTHON ?= python3
 VENV ?= .venv
+SGLANG_VENV ?= .venv-sglang
 BIN := $(VENV)/bin
 DEMO_DIR ?= $(HOME)/.cache/w12/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup setup-sglang demo test clean
 
 setup: $(VENV)/.w12-installed
 
@@ -31,10 +32,17 @@ demo: setup
 	$(BIN)/w12 verify $(DEMO_DIR)/smollm2-w12 $(DEMO_DIR)/smollm2-decoded && \
 	du -sh $$SRC/model.safetensors $(DEMO_DIR)/smollm2-w12/model.safetensors
 
-test: setup
+# SGLang pins transformers 5.19 and a CUDA torch: its tests run in a second venv (CPU torch + sglang --no-deps).
+setup-sglang: $(SGLANG_VENV)/.w12-sglang-installed
+
+$(SGLANG_VENV)/.w12-sglang-installed: pyproject.toml tests/sglang_env.sh
+	PYTHON=$(PYTHON) bash tests/sglang_env.sh $(SGLANG_VENV)
+
+test: setup setup-sglang
 	$(BIN)/python -m w12.convert.fixtures smollm2 > /dev/null
 	$(BIN)/python -m w12.convert.fixtures minilm > /dev/null
+	W12_REQUIRE_SGLANG=1 $(SGLANG_VENV)/bin/python -W ignore::DeprecationWarning -m pytest tests/test_sglang.py
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info
