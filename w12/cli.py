@@ -128,11 +128,12 @@ def decode(w12dir, out):
 
 
 def _register():
+    from w12.cli_forcing import check_lossless
     from w12.cli_pricing import bench, costmodel
     from w12.cli_specdec import specdec
     from w12.cli_upload import upload
 
-    for command in (costmodel, bench, upload, specdec):
+    for command in (costmodel, bench, check_lossless, upload, specdec):
         main.add_command(command)
 
 
