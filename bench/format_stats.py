@@ -15,15 +15,9 @@ from safetensors import safe_open
 
 from w12.convert.fixtures import minilm_fp32
 from w12.formats.matrix import W12Matrix
+from w12.convert.fixtures import llm_like_bf16 as llm_like
 
 
-def llm_like(n, k, seed=0, outliers=1e-5, zeros=1e-5):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.02
-    mask = torch.rand(n, k, generator=g)
-    w = torch.where(mask < outliers, torch.randn(n, k, generator=g) * 4.0, w)
-    w = torch.where(mask > 1 - zeros, torch.zeros(()), w)
-    return w.to(torch.bfloat16)
 
 
 def summary(rows):

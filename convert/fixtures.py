@@ -396,3 +396,16 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def llm_like_bf16(n: int, k: int, seed: int = 0, outliers: float = 1e-5, zeros: float = 1e-5):
+    """A synthetic BF16 matrix drawn like LLM weights: normal σ = 0.02, a fraction `outliers` of large
+    values (σ = 4) and a fraction `zeros` of exact zeros. For size and speed measurements."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.02
+    mask = torch.rand(n, k, generator=g)
+    w = torch.where(mask < outliers, torch.randn(n, k, generator=g) * 4.0, w)
+    w = torch.where(mask > 1 - zeros, torch.zeros(()), w)
+    return w.to(torch.bfloat16)

@@ -6,18 +6,11 @@ from w12.formats import fast, reference
 from w12.formats.container import W12File, write_file
 from w12.formats.layout import E_HI, E_LO
 from w12.formats.matrix import W12Matrix
+from w12.convert.fixtures import llm_like_bf16 as llm_like
 
 ALL_PATTERNS = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(512, 128)
 
 
-def llm_like(n, k, seed=0, outliers=1e-5, zeros=1e-5):
-    """Normal σ = 0.02 weights in BF16 with rare large outliers and a few exact zeros."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.02
-    mask = torch.rand(n, k, generator=g)
-    w = torch.where(mask < outliers, torch.randn(n, k, generator=g) * 4.0, w)
-    w = torch.where(mask > 1 - zeros, torch.zeros(()), w)
-    return w.to(torch.bfloat16)
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

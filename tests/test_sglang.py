@@ -462,6 +462,13 @@ def test_column_and_replicated_layers(tp, rank):
         assert_same_layer(layer, twin, f"{cls.__name__} tp={tp} rank={rank}")
 
 
+def assert_same_model(model, twin, label):
+    """Every W12 linear of `model` against the same layer of the BF16 `twin`."""
+    for dec, dec_twin in zip(model.model.layers, twin.model.layers):
+        for name, layer in dec.linears().items():
+            assert_same_layer(layer, dec_twin.linears()[name], f"{label} {name}")
+
+
 @pytest.mark.parametrize("tp,rank", [(1, 0), (2, 0), (4, 1), (8, 5)])
 def test_bf16_checkpoint_with_quantization_w12(checkpoints, tp, rank):
     """A BF16 checkpoint served with --quantization w12 (no quantization_config): encoded while loading."""
@@ -470,9 +477,7 @@ def test_bf16_checkpoint_with_quantization_w12(checkpoints, tp, rank):
     model, twin = Model(cfg, W12SGLangConfig()), Model(cfg, None)
     load_like_sglang(model, bf16_weights)
     load_like_sglang(twin, bf16_weights)
-    for dec, dec_twin in zip(model.model.layers, twin.model.layers):
-        for name, layer in dec.linears().items():
-            assert_same_layer(layer, dec_twin.linears()[name], f"online tp={tp} rank={rank} {name}")
+    assert_same_model(model, twin, f"online tp={tp} rank={rank}")
 
 
 def test_tensor_order_does_not_matter(checkpoints):
@@ -481,9 +486,7 @@ def test_tensor_order_does_not_matter(checkpoints):
     model, twin = Model(cfg, w12_config(w12_dir)), Model(cfg, None)
     load_like_sglang(model, list(reversed(w12_weights)))
     load_like_sglang(twin, bf16_weights)
-    for dec, dec_twin in zip(model.model.layers, twin.model.layers):
-        for name, layer in dec.linears().items():
-            assert_same_layer(layer, dec_twin.linears()[name], f"reversed order {name}")
+    assert_same_model(model, twin, "reversed order")
 
 
 # ---------------------------------------------------------------------------------------------
