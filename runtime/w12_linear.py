@@ -203,6 +203,7 @@ class W12Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.w12_sha256: str | None = None  # SHA-256 of the original BF16 bytes, when known (SPEC.md §7)
+        self.w12_view8 = False  # True: forward on the 8-bit view (SPEC.md §4), an approximation; see view8_mode
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -286,6 +287,8 @@ class W12Linear(nn.Module):
 def w12_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
     """The one dispatch point: fused kernel on CUDA when available, else exact decode + F.linear."""
     bias = module.bias
+    if getattr(module, "w12_view8", False):
+        return _view8_linear(x, module)
     if x.is_cuda:
         if not module._prepared_for(module.weight.device):
             if torch.compiler.is_compiling():
@@ -320,6 +323,68 @@ def w12_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
     if w.dtype != x.dtype:  # e.g. fp32 activations: the exact BF16 weight, cast like a BF16 model would need
         w = w.to(x.dtype)
     return F.linear(x, w, bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# View mode: the 8-bit view only (first 8 KB of each record, low nibble = 8, escapes keep their code).
+# An APPROXIMATION for TLV's Q pass (specdec/tlv.py); never the default.
+# ---------------------------------------------------------------------------------------------
+def decode_view_torch(records: torch.Tensor, exponents: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The 8-bit view's BF16 matrix [n, k] in torch ops (= W12Matrix.view8_to_bf16(); reads view bytes only)."""
+    nb, kb = records.shape[0], records.shape[1]
+    b = records[:, :, :TN * TK].to(torch.int32).reshape(nb, kb, TN, TK).permute(0, 2, 1, 3).reshape(nb * TN, kb * TK)
+    top = exponents.to(torch.int32)[:, None]
+    h = (((b >> 7) << 15) | ((top - (WIN - 1) + ((b >> 3) & 0xF)) << 7) | ((b & 7) << 4) | 8)[:n, :k]
+    h = torch.where(h > 32767, h - 65536, h).to(torch.int16)
+    return h.contiguous().view(torch.bfloat16)
+
+
+def _view8_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
+    bias = module.bias
+    if x.is_cuda and x.dtype == torch.bfloat16 and kernel_backend() is not None:
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        y = torch.ops.w12.view_gemm(x2, module.weight, module.weight_exponents, module.out_features)
+        y = y.reshape(*x.shape[:-1], module.out_features)
+        return y + bias if bias is not None else y
+    w = module.__dict__.get("_view8_w")   # decoded once per module (CPU / non-bf16 fallback), dropped on exit
+    if w is None or w.device != x.device:
+        if module.weight.device.type == "cpu":
+            from w12.formats import fast
+
+            w = fast.decode(module.weight, module.weight_exponents, module.weight_esc_counts, module.weight_escapes,
+                            module.out_features, module.in_features, lo_fill=8).view(torch.bfloat16)
+        else:
+            w = decode_view_torch(module.weight, module.weight_exponents, module.out_features, module.in_features)
+        module.__dict__["_view8_w"] = w = w.to(x.device)
+    if w.dtype != x.dtype:
+        w = w.to(x.dtype)
+    return F.linear(x, w, bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype))
+
+
+class view8_mode:
+    """Context manager: every W12Linear of `model` computes on its 8-bit view inside the block.
+
+        with view8_mode(model) as n:     # n = number of W12Linear modules switched (0: nothing to do)
+            logits = model(...)          # approximate (SPEC.md §4 "8-bit view")
+
+    `keep_decoded=True` keeps the CPU view decode on each module between blocks (memory for speed)."""
+
+    def __init__(self, model: nn.Module, keep_decoded: bool = False):
+        self.modules = [m for m in model.modules() if isinstance(m, W12Linear)]
+        self.keep = keep_decoded
+
+    def __enter__(self) -> int:
+        for m in self.modules:
+            m.w12_view8 = True
+        return len(self.modules)
+
+    def __exit__(self, *exc) -> None:
+        for m in self.modules:
+            m.w12_view8 = False
+            if not self.keep:
+                m.__dict__.pop("_view8_w", None)
 
 
 def prepare(model: nn.Module) -> nn.Module:

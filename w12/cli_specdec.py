@@ -58,9 +58,12 @@ def specdec():
 @click.option("--threads", type=int, help="torch.set_num_threads.")
 @click.option("--check", is_flag=True, help="Also decode greedily; exit 1 if any output differs.")
 @click.option("--record", type=click.Path(dir_okay=False), help="Save every position's lattice for `replay` (.json or .json.gz).")
+@click.option("--tlv", is_flag=True, help="TLV cycles (specdec/tlv.py): Q pass on the W12 8-bit view, then one exact "
+              "pass over the commit chain + a fresh subtree; τ = tokens per exact pass. With --record, the Q "
+              "argmaxes are recorded too (for `replay --tlv`).")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 def generate(target, drafter, drafter_layers, tree, budget, positions, topk, prompts, limit, max_new_tokens,
-             dtype, drafter_dtype, threads, check, record, as_json):
+             dtype, drafter_dtype, threads, check, record, tlv, as_json):
     """Greedy speculative generation of each prompt (first turn, chat template); tokens/s and τ per prompt."""
     import torch
     from transformers import AutoTokenizer
@@ -93,10 +96,22 @@ def generate(target, drafter, drafter_layers, tree, budget, positions, topk, pro
                 line += "  identical" if r["identical"] else f"  DIFFERS at token {d[0]} (margin {d[1]:.3f} nat)"
             click.echo(line)
 
-    results, records = _run(run_prompts, model, draft, ids, build, max_new_tokens, check, bool(record), progress=show)
+    if tlv:
+        from w12.specdec.tlv import run_prompts_tlv, save_tlv_records
+
+        _run(__import__("w12.specdec.tlv", fromlist=["view_q"]).view_q, model)   # exit 2 if not a W12 target
+        if dtype == "float32":      # the W12 quantizer loads BF16; fp32 compute = cast everything but the W12 buffers
+            torch.nn.Module.float(model)
+        results, records = _run(run_prompts_tlv, model, draft, ids, tree, budget, max_new_tokens, check,
+                                bool(record), progress=show)
+        save_records = save_tlv_records
+    else:
+        results, records = _run(run_prompts, model, draft, ids, build, max_new_tokens, check, bool(record), progress=show)
     summary = summarize(results)
+    if tlv:
+        summary["q_agreement"] = round(sum(r["q_agree"][0] for r in results) / max(1, sum(r["q_agree"][1] for r in results)), 4)
     if record:
-        _run(save_records, record, records, {"target": str(target), "drafter": drafter, "drafter_layers": drafter_layers,
+        _run(save_records, record, records, {"tlv": tlv, "target": str(target), "drafter": drafter, "drafter_layers": drafter_layers,
                                              "positions": positions, "topk": topk, "prompts": str(prompts),
                                              "max_new_tokens": max_new_tokens, "dtype": dtype})
     if as_json:
@@ -116,8 +131,12 @@ def generate(target, drafter, drafter_layers, tree, budget, positions, topk, pro
 @click.option("--budgets", default="16,32,64", show_default=True, help="Comma-separated node budgets.")
 @click.option("--trees", default="chain,best-first,eagle2,sequoia", show_default=True, help="Comma-separated builders.")
 @click.option("--max-depth", type=int, help="Cap tree depth (default: the lattice's positions).")
+@click.option("--tlv", is_flag=True, help="Also replay TLV (tokens per exact pass) from the recorded Q argmaxes "
+              "(`generate --tlv --record`), or from --q-agree.")
+@click.option("--q-agree", type=float, help="With --tlv: model the Q pass as agreeing with the target with this "
+              "probability per position (independent, seeded) instead of recorded Q argmaxes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
-def replay(recording, budgets, trees, max_depth, as_json):
+def replay(recording, budgets, trees, max_depth, tlv, q_agree, as_json):
     """τ (tokens per target pass) per tree builder and node budget from a `generate --record` file."""
     from w12.specdec.replay import load_records, tau_table
 
@@ -130,6 +149,11 @@ def replay(recording, budgets, trees, max_depth, as_json):
         raise click.BadParameter(f"unknown {bad}; choose from {', '.join(TREES)}", param_hint="--trees")
     records, meta = _run(load_records, recording)
     table = _run(tau_table, records, sizes, names, max_depth)
+    if tlv:
+        from w12.specdec.tlv import tlv_tau_table
+
+        table.update(_run(tlv_tau_table, recording, records, sizes, names, max_depth, q_agree))
+        names = names + [f"tlv-{n}" for n in names]
     if as_json:
         click.echo(json.dumps({"meta": meta, "prompts": len(records), "tau": table}, indent=1))
         return

@@ -1,0 +1,204 @@
+"""Batched speculative decoding (issue 12): the batched engine is lossless per request whatever joins or
+leaves the batch; the shared node budget builds prefix-closed shares and beats the equal split on the
+recorded SmolLM2 lattices; the row curve, draft block and admission policies behave."""
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from w12.specdec.batch_engine import batch_generate
+from w12.specdec.batching import (DraftBlock, FlatAdmission, RowCurve, admit_always, best_first_order,
+                                  equal_split, llama8b_curve, shared_budget)
+from w12.specdec.drafters import ModelDrafter, NgramDrafter
+from w12.specdec.engine import greedy_generate
+from w12.specdec.lattice import Lattice
+from w12.specdec.replay import load_records
+from w12.specdec.trees import best_first
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "bench/results/specdec-work"
+NEW = 16
+
+
+def tiny(kind, seed):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=256, max_position_embeddings=256, initializer_range=0.1)
+        return LlamaForCausalLM(cfg).eval()
+    cfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=256,
+                      initializer_range=0.1)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+TARGETS = {k: tiny(k, i) for i, k in enumerate(["llama", "qwen3"])}
+GEN = torch.Generator().manual_seed(7)
+PROMPTS = [torch.randint(0, 256, (int(n),), generator=GEN).tolist() for n in [1, 5, 12, 3, 20, 8, 2, 9]]
+REFS = {k: [greedy_generate(t, p, NEW, eos_token_id=[]).tokens for p in PROMPTS] for k, t in TARGETS.items()}
+
+
+class Scripted:
+    """One request's drafter that knows its greedy continuation: at each position the true token sits at
+    rank (step % k) when `noisy`, else rank 0; every other step a position is wrong, so trees branch
+    and acceptance varies between requests."""
+
+    def __init__(self, prompt, ref, noisy, positions=6, k=3):
+        self.prompt, self.ref, self.noisy, self.positions, self.k = prompt, ref, noisy, positions, k
+
+    def draft(self, ids):
+        j = len(ids) - len(self.prompt)
+        assert ids == self.prompt + self.ref[:j]
+        cont = self.ref[j:] + [0] * self.positions
+        rows = []
+        for i in range(self.positions):
+            others = [(cont[i] + 1 + 7 * s + i) % 256 for s in range(self.k)]
+            others = [t for t in others if t != cont[i]][:self.k]
+            r = ((j + i) % self.k) if self.noisy else 0
+            wrong = self.noisy and (j + i) % 4 == 3
+            rows.append(others if wrong else others[:r] + [cont[i]] + others[r:self.k - 1])
+        logp = torch.log(torch.tensor([[0.6, 0.3, 0.1][:self.k]] * self.positions))
+        return Lattice(torch.tensor(rows), logp)
+
+
+def drafter(kind, i, p, ref):
+    if i % 4 == 3:
+        return NgramDrafter(5, 3)
+    if i % 4 == 2:
+        return ModelDrafter(tiny(kind, 50 + i), 3, 3)
+    return Scripted(p, ref, noisy=bool(i % 2))
+
+
+PLANS = {"shared": lambda n: partial(shared_budget, total=n), "equal": lambda n: partial(equal_split, total=n)}
+
+
+@pytest.mark.parametrize("kind", list(TARGETS))
+@pytest.mark.parametrize("B", [1, 2, 3, 5, 8])
+def test_batched_engine_lossless_with_joins_and_leaves(kind, B):
+    target, refs = TARGETS[kind], REFS[kind]
+    # B requests: staggered arrivals (joins), different lengths (leaves at different steps)
+    jobs = [(PROMPTS[i], drafter(kind, i, PROMPTS[i], refs[i]), NEW - (3 * i) % 7, (2 * i) % 5) for i in range(B)]
+    for name, block in [("shared", DraftBlock(menu=(6, 4, 2), hi=2, lo=0.75)), ("equal", None)]:
+        gens, stats = batch_generate(target, jobs, PLANS[name](5 * B), block, eos_token_id=[])
+        for i, (g, (p, _, n, _)) in enumerate(zip(gens, jobs)):
+            assert g.tokens == refs[i][:n], (kind, B, name, i)
+        assert max(stats.batch) <= B
+    if B == 8:
+        assert len(set(stats.batch)) > 2          # the batch grew and shrank
+
+
+def test_lossless_with_eos_and_admission_waits():
+    target = TARGETS["llama"]
+    eos = REFS["llama"][0][4]
+    refs = [greedy_generate(target, p, NEW, eos_token_id=[eos]).tokens for p in PROMPTS]
+    assert any(len(r) < NEW for r in refs)
+    curve = RowCurve([1, 8, 16, 32], [1.0, 1.0, 1.02, 1.5])                  # flat up to ~16 rows
+    adm = FlatAdmission(curve, tol=0.05, max_wait=3)
+    jobs = [(p, NgramDrafter(5, 3), NEW, i) for i, p in enumerate(PROMPTS)]
+    gens, stats = batch_generate(target, jobs, PLANS["shared"](24), None, adm, eos_token_id=[eos])
+    assert [g.tokens for g in gens] == refs
+    assert sum(stats.prompt_rows) == sum(len(p) for p in PROMPTS)
+
+
+def test_shared_shares_are_best_first_prefixes_and_budget_is_exact():
+    g = torch.Generator().manual_seed(3)
+    lats = [Lattice.from_logits(torch.randn(5, 64, generator=g) * s, 4) for s in (0.5, 2, 4, 8)]
+    for total in [0, 3, 10, 40]:
+        trees = shared_budget(lats, [1, 2, 3, 4], total)
+        assert sum(len(t) - 1 for t in trees) == total
+        for lat, t in zip(lats, trees):
+            ref = best_first(lat, t.tokens[0], len(t) - 1)
+            assert torch.equal(ref.tokens, t.tokens) and torch.equal(ref.parents, t.parents)
+            t.check()
+        eq = equal_split(lats, [1, 2, 3, 4], total)
+        assert [len(t) - 1 for t in eq] == [total // 4 + (r < total % 4) for r in range(4)]
+    # every node the shared budget takes scores at least as high as the best node it leaves
+    trees = shared_budget(lats, [0] * 4, 12)
+    kept = min(float(t.scores[1:].min()) for t in trees if len(t) > 1)
+    left = max(list(best_first_order(l))[len(t) - 1][2] for l, t in zip(lats, trees))
+    assert kept >= left
+    order = list(best_first_order(lats[0]))
+    assert all(a[2] >= b[2] for a, b in zip(order, order[1:]))
+
+
+def test_draft_block_and_curve():
+    blk = DraftBlock()
+    st = blk.init()
+    assert blk.choose(st) == 12
+    sure = Lattice(torch.tensor([[1, 2]] * 8), torch.log(torch.tensor([[0.9, 0.1]] * 8)))
+    for _ in range(6):
+        blk.update(st, 7, sure)
+    assert blk.choose(st) == 16
+    for _ in range(6):
+        blk.update(st, 0, sure)
+    assert blk.choose(st) == 8
+    assert DraftBlock().scaled(0.5).menu == (8, 6, 4)
+    curve = llama8b_curve(ROOT / "bench/results/2026-11-29-kernels-h200.md", "cublas")
+    assert curve.rows[0] == 1 and curve.rows[-1] == 128
+    # Llama-3.1-8B GEMMs at M=1: (23.6 + 19.4 + 69.4 + 42.9) × 32 + 257.7 µs
+    assert curve(1) == pytest.approx((23.6 + 19.4 + 69.4 + 42.9) * 32e-6 + 257.7e-6)
+    assert curve(128) < 1.1 * curve(1)                    # cuBLAS BF16: flat to 128 rows
+    w12 = llama8b_curve(ROOT / "bench/results/2026-11-29-kernels-h200.md", "w12")
+    assert w12(64) > 1.5 * w12(1) and w12.flat_limit(16) >= 16
+    adm = FlatAdmission(RowCurve([1, 16, 32], [1.0, 1.0, 2.0]), tol=0.05, max_wait=2)
+    assert adm(8, 8, 0, 3) and not adm(8, 20, 0, 3) and adm(8, 20, 2, 3) and adm(8, 20, 0, 0)
+
+
+def _replay_step_tau(records, B, total, plan):
+    from w12.specdec.verify import walk
+    live, nxt, acc, steps = [], 0, 0, 0
+    while steps < 60:
+        while len(live) < B:
+            live.append([records[nxt % len(records)], 1])
+            nxt += 1
+        trees = plan([r.lattices[j] for r, j in live], [r.root(j) for r, j in live], total)
+        for (r, j), t in zip(live, trees):
+            tau = walk(t, r.tokens[j:])
+            acc += tau
+        live = [[r, j + walk(t, r.tokens[j:])] for (r, j), t in zip(live, trees)]
+        live = [x for x in live if x[1] < len(x[0].tokens)]
+        steps += 1
+    return acc / steps
+
+
+@pytest.mark.parametrize("B", [4, 16, 64])
+def test_shared_beats_equal_on_smollm2_recordings(B):
+    """Tokens accepted per step (all requests) at the same total budget of 2 nodes per request, requests
+    refilled from the trunc-fp32 recordings. The gain is small on these lattices (see the report); at
+    4 nodes per request it vanishes, so this pins the regime where it holds."""
+    records, _ = load_records(WORK / "trunc-fp32.json.gz")
+    shared = _replay_step_tau(records, B, 2 * B, shared_budget)
+    equal = _replay_step_tau(records, B, 2 * B, equal_split)
+    print(B, shared / B, equal / B)
+    assert shared > equal, (B, shared, equal)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from w12.convert.fixtures import smollm2_bf16
+    path = smollm2_bf16()
+    return (AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(path))
+
+
+def test_smollm2_batched_lossless(smollm2):
+    model, tok = smollm2
+    texts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n",
+             "The capital of France is Paris. The capital of Italy is",
+             "1, 2, 3, 4, 5, 6,",
+             "Once upon a time"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    n = 12
+    refs = [greedy_generate(model, p, n, eos_token_id=[]).tokens for p in prompts]
+    jobs = [(p, NgramDrafter(6, 4), n - i, i) for i, p in enumerate(prompts)]
+    gens, stats = batch_generate(model, jobs, PLANS["shared"](16), DraftBlock().scaled(0.5),
+                                 FlatAdmission(RowCurve([1, 24, 64], [1.0, 1.01, 2.0]), max_wait=2), eos_token_id=[])
+    for g, r, (_, _, m, _) in zip(gens, refs, jobs):
+        assert g.tokens == r[:m]
+    assert max(stats.batch) > 1
