@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from .batching import BatchStats, DraftBlock, admit_always, shared_budget
-from .engine import Generation, _eos
+from .engine import Generation, _eos, clip
 from .errors import CacheLayoutError
 from .lattice import Lattice
 from .trees import Tree
@@ -144,9 +144,7 @@ class BatchEngine:
                 kept, new = [0] + path, [int(tree.tokens[i]) for i in path] + [int(bonus)]
                 if self.block is not None:
                     self.block.update(r.block, len(path), lats[b])
-            new = new[:r.max_new_tokens - len(r.gen.tokens)]
-            if hit := [i for i, t in enumerate(new) if t in self.eos]:
-                new = new[:hit[0] + 1]
+            new, hit = clip(new, len(r.gen.tokens), r.max_new_tokens, self.eos)
             r.gen.tokens += new
             if r not in admitted:
                 r.gen.taus.append(len(new))

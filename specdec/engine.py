@@ -65,6 +65,26 @@ def _eos(model, eos_token_id) -> set[int]:
 
 
 @torch.no_grad()
+def prefill(target, ids: list[int], cache, gen, max_new_tokens: int, eos: set[int], t0: float) -> bool:
+    """Prefill as plain decoding does (same shapes, so the first token is bit-for-bit its first token),
+    append that token to `gen.tokens` and `ids`; True when generation is already over."""
+    first = target(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    gen.tokens.append(int(first.argmax()))
+    ids.append(gen.tokens[0])
+    if gen.tokens[0] in eos or max_new_tokens <= 1:
+        gen.tokens = gen.tokens[:max_new_tokens]
+        gen.seconds = time.perf_counter() - t0
+        return True
+    return False
+
+
+def clip(new: list[int], emitted: int, max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
+    """Accepted tokens cut to the token budget and after the first EOS; (tokens, EOS reached)."""
+    new = new[:max_new_tokens - emitted]
+    hit = next((i for i, t in enumerate(new) if t in eos), None)
+    return (new, False) if hit is None else (new[:hit + 1], True)
+
+
 def speculative_generate(target, drafter, prompt: list[int], build, max_new_tokens: int,
                          eos_token_id=None) -> Generation:
     """Greedy speculative decoding of `target` (any HF causal LM) with `drafter` (.draft(ids) -> Lattice)
@@ -72,14 +92,8 @@ def speculative_generate(target, drafter, prompt: list[int], build, max_new_toke
     eos, ids = _eos(target, eos_token_id), list(prompt)
     gen, t0 = Generation([]), time.perf_counter()
     cache = DynamicCache(config=target.config)
-    # Prefill as plain decoding does (same shapes, so the first token is bit-for-bit its first token);
-    # every later token comes from a tree pass. taus count tree passes only.
-    first = target(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-    gen.tokens.append(int(first.argmax()))
-    ids.append(gen.tokens[0])
-    if gen.tokens[0] in eos or max_new_tokens <= 1:
-        gen.tokens = gen.tokens[:max_new_tokens]
-        gen.seconds = time.perf_counter() - t0
+    # every token after the prefill's comes from a tree pass; taus count tree passes only
+    if prefill(target, ids, cache, gen, max_new_tokens, eos, t0):
         return gen
     while len(gen.tokens) < max_new_tokens:
         td = time.perf_counter()
@@ -90,10 +104,7 @@ def speculative_generate(target, drafter, prompt: list[int], build, max_new_toke
         logits = target(input_ids=x, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True).logits[0]
         path, bonus = accept(tree, logits.argmax(-1))
         keep_rows(cache, start, [0] + path)
-        new = [int(tree.tokens[i]) for i in path] + [int(bonus)]
-        new = new[:max_new_tokens - len(gen.tokens)]
-        if hit := [i for i, t in enumerate(new) if t in eos]:
-            new = new[:hit[0] + 1]
+        new, hit = clip([int(tree.tokens[i]) for i in path] + [int(bonus)], len(gen.tokens), max_new_tokens, eos)
         gen.tokens += new
         gen.taus.append(len(new))
         ids += new

@@ -46,7 +46,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
     torch_recurrent_gated_delta_rule,
 )
 
-from .engine import Generation, _eos, tree_inputs
+from .engine import Generation, _eos, clip, prefill, tree_inputs
 from .errors import CacheLayoutError
 from .trees import Tree
 from .verify import accept
@@ -301,12 +301,7 @@ def hybrid_speculative_generate(target, drafter, prompt: list[int], build, max_n
     gen, t0 = HybridGeneration([]), time.perf_counter()
     cache = DynamicCache(config=target.config) if cache is None else cache
     # Prefill exactly as generate() does, so the first token and the starting state are its own.
-    first = target(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-    gen.tokens.append(int(first.argmax()))
-    ids.append(gen.tokens[0])
-    if gen.tokens[0] in eos or max_new_tokens <= 1:
-        gen.tokens = gen.tokens[:max_new_tokens]
-        gen.seconds = time.perf_counter() - t0
+    if prefill(target, ids, cache, gen, max_new_tokens, eos, t0):
         return gen
     while len(gen.tokens) < max_new_tokens:
         td = time.perf_counter()
@@ -315,10 +310,7 @@ def hybrid_speculative_generate(target, drafter, prompt: list[int], build, max_n
         start = len(ids) - 1                       # KV rows cached: everything but the root
         logits, pend = tree_forward(target, cache, tree, start, method)
         path, bonus = accept(tree, logits.argmax(-1))
-        new = [int(tree.tokens[i]) for i in path] + [int(bonus)]
-        new = new[:max_new_tokens - len(gen.tokens)]
-        if hit := [i for i, t in enumerate(new) if t in eos]:
-            new = new[:hit[0] + 1]
+        new, hit = clip([int(tree.tokens[i]) for i in path] + [int(bonus)], len(gen.tokens), max_new_tokens, eos)
         # Invariant: the cache holds every committed token but the last (the next root).
         commit(target, cache, pend, [0] + path[:len(new) - 1])
         gen.memory.append(pend.memory)

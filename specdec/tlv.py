@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .engine import Generation, _eos, keep_rows, tree_inputs
+from .engine import Generation, _eos, clip, keep_rows, prefill, tree_inputs
 from .errors import TreeError
 from .trees import Tree, make_builder
 from .verify import accept, walk
@@ -140,12 +140,7 @@ def tlv_generate(target, drafter, prompt: list[int], tree: str, budget: int, max
     eos, ids = _eos(target, eos_token_id), list(prompt)
     gen, t0 = TLVGeneration([]), time.perf_counter()
     cache = DynamicCache(config=target.config)
-    first = target(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-    gen.tokens.append(int(first.argmax()))
-    ids.append(gen.tokens[0])
-    if gen.tokens[0] in eos or max_new_tokens <= 1:
-        gen.tokens = gen.tokens[:max_new_tokens]
-        gen.seconds = time.perf_counter() - t0
+    if prefill(target, ids, cache, gen, max_new_tokens, eos, t0):
         return gen
     st = gen.stage_seconds
     while len(gen.tokens) < max_new_tokens:
@@ -172,10 +167,7 @@ def tlv_generate(target, drafter, prompt: list[int], tree: str, budget: int, max
         st["append"] += time.perf_counter() - t
         gen.chain_lens.append(len(C))
         gen.q_agree.append((sum(int(nxt[i]) == C[i] for i in range(len(C))), len(C)))
-        new = [int(full.tokens[i]) for i in path] + [int(bonus)]
-        new = new[:max_new_tokens - len(gen.tokens)]
-        if hit := [i for i, tk in enumerate(new) if tk in eos]:
-            new = new[:hit[0] + 1]
+        new, hit = clip([int(full.tokens[i]) for i in path] + [int(bonus)], len(gen.tokens), max_new_tokens, eos)
         gen.tokens += new
         gen.taus.append(len(new))
         ids += new
