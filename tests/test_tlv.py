@@ -17,8 +17,15 @@ from w12.specdec.tlv import (_tree_pass, combine, model_q, record_q, replay_tlv,
 from w12.specdec.trees import make_builder
 
 torch.set_num_threads(1)
-set_cpu_decode_cache(1 << 26)
 NEW = 20
+
+
+@pytest.fixture(autouse=True, scope="module")
+def decode_cache():
+    """Decode each W12 layer once in this module (exact), and leave the default (off) for the others."""
+    set_cpu_decode_cache(1 << 26)
+    yield
+    set_cpu_decode_cache(0)
 
 
 def to_w12(model):
