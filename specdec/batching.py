@@ -27,37 +27,10 @@ from pathlib import Path
 import torch
 
 from .lattice import Lattice
-from .trees import Tree, _child_order, _make
+from .trees import Tree, _make, best_first_order
 
 
 # --- node budget across requests ---------------------------------------------------------------
-
-def best_first_order(lat: Lattice, max_depth: int | None = None, conditioned: bool = True):
-    """Lazily yield the nodes of `trees.best_first` in pop order: (parent index, rank, path score), root
-    excluded; node i of the output is index i + 1 of the tree. Scores are non-increasing."""
-    D = lat.positions if max_depth is None else min(max_depth, lat.positions)
-    if D <= 0:
-        return
-    nodes, depth, orders, heap, tie = [(-1, -1, 0.0)], [0], {}, [], 0
-
-    def push(p, c):
-        nonlocal tie
-        if p not in orders:
-            orders[p] = _child_order(lat, depth[p], nodes[p][1] if p else None, conditioned)
-        if c < len(orders[p]):
-            heapq.heappush(heap, (-(nodes[p][2] + orders[p][c][0]), tie, p, c))
-            tie += 1
-
-    push(0, 0)
-    while heap:
-        neg, _, p, c = heapq.heappop(heap)
-        nodes.append((p, orders[p][c][1], -neg))
-        depth.append(depth[p] + 1)
-        push(p, c + 1)
-        if depth[-1] < D:
-            push(len(nodes) - 1, 0)
-        yield nodes[-1]
-
 
 def _tree(lat: Lattice, root: int, nodes) -> Tree:
     return _make(lat, root, [(-1, -1, 0.0)] + list(nodes))

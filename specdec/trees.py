@@ -16,6 +16,7 @@ import heapq
 import math
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 
 import torch
 
@@ -104,17 +105,19 @@ def chain(lat: Lattice, root: int, budget: int, max_depth: int | None = None, co
     return _make(lat, root, nodes)
 
 
-def best_first(lat: Lattice, root: int, budget: int, max_depth: int | None = None, conditioned: bool = True) -> Tree:
-    """The `budget` nodes of highest path score Σ s(child | parent) (DDTree's heap with one cursor per
-    parent, so child lists may depend on the parent, as with a Markov head).
+def best_first_order(lat: Lattice, max_depth: int | None = None, conditioned: bool = True):
+    """Lazily yield the nodes of highest path score Σ s(child | parent), best first: (parent index, rank,
+    path score), root excluded (node i of the output is index i + 1 of the tree); scores non-increasing.
 
-    Heap entries are (−(score(parent) + s_c), tie, parent, c): "the c-th best child of parent". Popping
-    one emits the node and pushes its next sibling (c+1) and its own best child (0). Each pop is the best
-    remaining node whose parent is in the tree, so the result is the exact top-`budget` set.
+    DDTree's heap with one cursor per parent, so child lists may depend on the parent, as with a Markov
+    head. Heap entries are (−(score(parent) + s_c), tie, parent, c): "the c-th best child of parent".
+    Popping one emits the node and pushes its next sibling (c+1) and its own best child (0). Each pop is
+    the best remaining node whose parent is emitted, so any prefix of the order is the exact top set.
     """
-    D = _limits(lat, budget, max_depth)
-    nodes, orders, heap, tie = [(-1, -1, 0.0)], {}, [], 0
-    depth = [0]
+    D = lat.positions if max_depth is None else min(max_depth, lat.positions)
+    if D <= 0:
+        return
+    nodes, depth, orders, heap, tie = [(-1, -1, 0.0)], [0], {}, [], 0
 
     def push(p: int, c: int):
         nonlocal tie
@@ -124,16 +127,22 @@ def best_first(lat: Lattice, root: int, budget: int, max_depth: int | None = Non
             heapq.heappush(heap, (-(nodes[p][2] + orders[p][c][0]), tie, p, c))
             tie += 1
 
-    if D > 0:
-        push(0, 0)
-    while heap and len(nodes) <= budget:
+    push(0, 0)
+    while heap:
         neg, _, p, c = heapq.heappop(heap)
         nodes.append((p, orders[p][c][1], -neg))
         depth.append(depth[p] + 1)
         push(p, c + 1)
         if depth[-1] < D:
             push(len(nodes) - 1, 0)
-    return _make(lat, root, nodes)
+        yield nodes[-1]
+
+
+def best_first(lat: Lattice, root: int, budget: int, max_depth: int | None = None, conditioned: bool = True) -> Tree:
+    """The `budget` nodes of highest path score Σ s(child | parent): the first `budget` of
+    `best_first_order`."""
+    D = _limits(lat, budget, max_depth)
+    return _make(lat, root, [(-1, -1, 0.0)] + list(islice(best_first_order(lat, D, conditioned), budget)))
 
 
 def eagle2(lat: Lattice, root: int, budget: int, max_depth: int | None = None, conditioned: bool = True,
