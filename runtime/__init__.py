@@ -2,7 +2,9 @@
 
 w12_linear.py: `W12Linear` (the four W12 tensors as buffers) and the forward dispatch `w12_linear`;
 hf_config.py: `W12Config` (quantization_config, SPEC.md §8); hf_quantizer.py: `W12HfQuantizer` and
-`patch_transformers()` (Transformers 5.x hooks). Imports are lazy: `import w12.runtime` loads nothing heavy.
+`patch_transformers()` (Transformers 5.x hooks); sglang_plugin.py / sglang_method.py: the SGLang
+quantization method (tp_shards.py: tensor-parallel slices; layer_apply.py: its forward dispatch).
+Imports are lazy: `import w12.runtime` loads nothing heavy.
 """
 
 _EXPORTS = {
