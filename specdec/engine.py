@@ -85,6 +85,15 @@ def clip(new: list[int], emitted: int, max_new_tokens: int, eos: set[int]) -> tu
     return (new, False) if hit is None else (new[:hit + 1], True)
 
 
+def emit(gen, ids: list[int], new: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
+    """Append one pass's accepted tokens (clipped) to the output, its τ and the running ids."""
+    new, hit = clip(new, len(gen.tokens), max_new_tokens, eos)
+    gen.tokens += new
+    gen.taus.append(len(new))
+    ids += new
+    return new, hit
+
+
 def speculative_generate(target, drafter, prompt: list[int], build, max_new_tokens: int,
                          eos_token_id=None) -> Generation:
     """Greedy speculative decoding of `target` (any HF causal LM) with `drafter` (.draft(ids) -> Lattice)
@@ -104,10 +113,7 @@ def speculative_generate(target, drafter, prompt: list[int], build, max_new_toke
         logits = target(input_ids=x, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True).logits[0]
         path, bonus = accept(tree, logits.argmax(-1))
         keep_rows(cache, start, [0] + path)
-        new, hit = clip([int(tree.tokens[i]) for i in path] + [int(bonus)], len(gen.tokens), max_new_tokens, eos)
-        gen.tokens += new
-        gen.taus.append(len(new))
-        ids += new
+        _, hit = emit(gen, ids, [int(tree.tokens[i]) for i in path] + [int(bonus)], max_new_tokens, eos)
         if hit:
             break
     gen.seconds = time.perf_counter() - t0

@@ -46,7 +46,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
     torch_recurrent_gated_delta_rule,
 )
 
-from .engine import Generation, _eos, clip, prefill, tree_inputs
+from .engine import Generation, _eos, emit, prefill, tree_inputs
 from .errors import CacheLayoutError
 from .trees import Tree
 from .verify import accept
@@ -310,13 +310,10 @@ def hybrid_speculative_generate(target, drafter, prompt: list[int], build, max_n
         start = len(ids) - 1                       # KV rows cached: everything but the root
         logits, pend = tree_forward(target, cache, tree, start, method)
         path, bonus = accept(tree, logits.argmax(-1))
-        new, hit = clip([int(tree.tokens[i]) for i in path] + [int(bonus)], len(gen.tokens), max_new_tokens, eos)
+        new, hit = emit(gen, ids, [int(tree.tokens[i]) for i in path] + [int(bonus)], max_new_tokens, eos)
         # Invariant: the cache holds every committed token but the last (the next root).
         commit(target, cache, pend, [0] + path[:len(new) - 1])
         gen.memory.append(pend.memory)
-        gen.tokens += new
-        gen.taus.append(len(new))
-        ids += new
         if hit:
             break
     gen.seconds = time.perf_counter() - t0

@@ -44,6 +44,18 @@ def make_drafter(spec: str, target, layers: int | None = None, positions: int = 
     return ModelDrafter(model, positions, topk)
 
 
+def prompt_report(i: int, prompt: list[int], gen, target, check: bool, max_new_tokens: int, eos_token_id=None):
+    """One prompt's figures; with `check`, plain greedy decoding too and the first divergence (index, margin)."""
+    r = {"prompt": i, "prompt_tokens": len(prompt), "new_tokens": len(gen.tokens), "passes": len(gen.taus),
+         "tau": round(gen.tau, 4), "seconds": round(gen.seconds, 3),
+         "tokens_per_s": round(len(gen.tokens) / gen.seconds, 2), "draft_seconds": round(gen.draft_seconds, 3)}
+    if check:
+        ref = greedy_generate(target, prompt, max_new_tokens, eos_token_id)
+        r.update(greedy_seconds=round(ref.seconds, 3), greedy_tokens_per_s=round(len(ref.tokens) / ref.seconds, 2),
+                 identical=gen.tokens == ref.tokens, divergence=divergence(target, prompt, ref.tokens, gen.tokens))
+    return r
+
+
 def run_prompts(target, drafter, prompts: list[list[int]], build, max_new_tokens: int, check: bool = False,
                 keep_record: bool = False, eos_token_id=None, progress=None):
     """Speculative generation of every prompt; with `check`, also plain greedy decoding and the first
@@ -51,14 +63,7 @@ def run_prompts(target, drafter, prompts: list[list[int]], build, max_new_tokens
     results, records = [], [] if keep_record else None
     for i, prompt in enumerate(prompts):
         gen = speculative_generate(target, drafter, prompt, build, max_new_tokens, eos_token_id)
-        r = {"prompt": i, "prompt_tokens": len(prompt), "new_tokens": len(gen.tokens), "passes": len(gen.taus),
-             "tau": round(gen.tau, 4), "seconds": round(gen.seconds, 3),
-             "tokens_per_s": round(len(gen.tokens) / gen.seconds, 2), "draft_seconds": round(gen.draft_seconds, 3)}
-        if check:
-            ref = greedy_generate(target, prompt, max_new_tokens, eos_token_id)
-            r.update(greedy_seconds=round(ref.seconds, 3), greedy_tokens_per_s=round(len(ref.tokens) / ref.seconds, 2),
-                     identical=gen.tokens == ref.tokens,
-                     divergence=divergence(target, prompt, ref.tokens, gen.tokens))
+        r = prompt_report(i, prompt, gen, target, check, max_new_tokens, eos_token_id)
         if keep_record:
             records.append(record(drafter, prompt, gen.tokens))
         results.append(r)

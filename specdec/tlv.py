@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from .engine import Generation, _eos, clip, keep_rows, prefill, tree_inputs
+from .engine import Generation, _eos, emit, keep_rows, prefill, tree_inputs
 from .errors import TreeError
 from .trees import Tree, make_builder
 from .verify import accept, walk
@@ -167,10 +167,7 @@ def tlv_generate(target, drafter, prompt: list[int], tree: str, budget: int, max
         st["append"] += time.perf_counter() - t
         gen.chain_lens.append(len(C))
         gen.q_agree.append((sum(int(nxt[i]) == C[i] for i in range(len(C))), len(C)))
-        new, hit = clip([int(full.tokens[i]) for i in path] + [int(bonus)], len(gen.tokens), max_new_tokens, eos)
-        gen.tokens += new
-        gen.taus.append(len(new))
-        ids += new
+        _, hit = emit(gen, ids, [int(full.tokens[i]) for i in path] + [int(bonus)], max_new_tokens, eos)
         if hit:
             break
     gen.seconds = time.perf_counter() - t0
@@ -264,23 +261,16 @@ def run_prompts_tlv(target, drafter, prompts: list[list[int]], tree: str, budget
                     check: bool = False, keep_record: bool = False, eos_token_id=None, progress=None, q=None):
     """TLV generation of every prompt (the TLV side of specdec.run.run_prompts). Records, when kept, are
     (Record, q_next) pairs: lattices after every greedy prefix + the Q argmax per prefix (`record_q`)."""
-    from .engine import divergence, greedy_generate
+    from .run import prompt_report
     from .replay import record
 
     results, records = [], [] if keep_record else None
     for i, prompt in enumerate(prompts):
         gen = tlv_generate(target, drafter, prompt, tree, budget, max_new_tokens, q=q, eos_token_id=eos_token_id)
         a, n = map(sum, zip(*gen.q_agree)) if gen.q_agree else (0, 0)
-        r = {"prompt": i, "prompt_tokens": len(prompt), "new_tokens": len(gen.tokens), "passes": len(gen.taus),
-             "tau": round(gen.tau, 4), "seconds": round(gen.seconds, 3),
-             "tokens_per_s": round(len(gen.tokens) / gen.seconds, 2), "draft_seconds": round(gen.draft_seconds, 3),
-             "q_agree": [a, n], "mean_chain": round(sum(gen.chain_lens) / max(1, len(gen.chain_lens)), 3),
-             "stage_seconds": {k: round(v, 4) for k, v in gen.stage_seconds.items()}}
-        if check:
-            ref = greedy_generate(target, prompt, max_new_tokens, eos_token_id)
-            r.update(greedy_seconds=round(ref.seconds, 3), greedy_tokens_per_s=round(len(ref.tokens) / ref.seconds, 2),
-                     identical=gen.tokens == ref.tokens,
-                     divergence=divergence(target, prompt, ref.tokens, gen.tokens))
+        r = prompt_report(i, prompt, gen, target, check, max_new_tokens, eos_token_id)
+        r.update(q_agree=[a, n], mean_chain=round(sum(gen.chain_lens) / max(1, len(gen.chain_lens)), 3),
+                 stage_seconds={k: round(v, 4) for k, v in gen.stage_seconds.items()})
         if keep_record:
             records.append((record(drafter, prompt, gen.tokens), record_q(target, prompt, gen.tokens)))
         results.append(r)
