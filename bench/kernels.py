@@ -1,6 +1,6 @@
 """W12 GEMM vs 8-bit-view GEMM vs cuBLAS BF16 on one GPU: check first, then time.
 
-    PYTHONUNBUFFERED=1 python bench/kernels.py [--sweep] [--out DIR]
+    PYTHONUNBUFFERED=1 python bench/kernels.py [--sweep] [--cuda-sweep] [--out DIR]
 
 1. Encodes random weights (randn·0.02 in bf16 plus a few zeros → escapes) on the GPU with a torch port of
    the reference encoder (checked byte-for-byte against formats.reference on a small matrix first), and
@@ -8,8 +8,11 @@
 2. Checks every shape and every M against the reference (decoded weights → fp32 matmul): max relative
    error ‖y − ref‖∞ / ‖ref‖∞, and bitwise-identical outputs over 10 repeated runs; PTX and portable
    decode paths both bit-exact on an identity product; a CUDA-graph capture and torch.compile of the op.
-3. --sweep: tries candidate configs per (shape, M bucket) and keeps the fastest (printed as a TABLE).
-4. Times W12, view and cuBLAS (`torch.matmul(x, w.t())`) with triton.testing.do_bench (launches queued,
+3. --sweep: tries candidate Triton configs per (shape, M bucket) and keeps the fastest (printed as a
+   TABLE); --cuda-sweep does the same for the CUDA skinny kernel (kernels/w12_gemv.cu, M ≤ 64), each
+   candidate checked against the reference before it is timed.
+4. Times W12 (what torch.ops.w12.gemm dispatches to: CUDA for M ≤ 64, Triton above), the Triton kernel
+   alone, view and cuBLAS (`torch.matmul(x, w.t())`) with triton.testing.do_bench (launches queued,
    L2 flushed, median). Bytes read: W12 = 12 KB per record + x; view = 8 KB per record + x;
    cuBLAS = 2·N·K + x. At 4.0 TB/s a W12 weight costs 0.375 ps, a bf16 weight 0.5 ps: the byte-floor
    ratio to a cuBLAS that reads at full speed is 1.33× (view 2×).
@@ -29,6 +32,7 @@ import triton
 
 from w12.formats import reference as fmt
 from w12.kernels import gemm as g
+from w12.kernels import gemm_cuda as gc
 from w12.kernels import ops  # noqa: F401  (registers torch.ops.w12.*)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
@@ -142,11 +146,20 @@ class Mat:
         self.offs, self.cols = g.prepare_escapes(self.counts, self.escapes)
         self.nnz = self.escapes.shape[0]
 
-    def run(self, x, view=False, cfg=None, use_ptx=None):
+    def run(self, x, view=False, cfg=None, use_ptx=None, cuda=None):
+        if cuda is not None:
+            return gc.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols,
+                             view=view, config=cuda)
         if view:
             return g.launch(x, self.records, self.exps, self.n, view=True, config=cfg, use_ptx=use_ptx)
         return g.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols,
                         config=cfg, use_ptx=use_ptx)
+
+    def op(self, x, view=False):
+        """What the custom op runs for x (CUDA kernel for M <= 64 on Hopper, else Triton)."""
+        if gc.usable(x, self.records):
+            return self.run(x, view=view, cuda=gc.pick_config(x.shape[0], self.n, self.k, view))
+        return self.run(x, view=view)
 
     def bytes(self, m, kind):
         nb, kb = self.counts.shape
@@ -186,6 +199,7 @@ def candidates(n, k, m, view):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--cuda-sweep", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", type=int, default=len(SHAPES))
     args = ap.parse_args()
@@ -231,6 +245,21 @@ def main():
         print("PTX PATH FAILED: falling back to the portable decode for the rest of this run")
         g.USE_PTX = False
     print("identity product: decoded weights bit-exact (W12 and view; PTX and portable paths)")
+    cuda_ok = gc.library() is not None
+    print(f"CUDA skinny kernel available: {cuda_ok}")
+    if cuda_ok:
+        wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
+        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 4), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 8)):
+            mm = 8 * cfg.nt
+            for j in range(0, k, mm):
+                xe = eye[j:j + mm].contiguous()
+                yt = enc.run(xe, cuda=cfg).t()
+                sl = slice(j, j + mm)
+                assert torch.equal(yt.view(torch.int16)[~esc[:, sl]], w[:, sl].view(torch.int16)[~esc[:, sl]]), f"cuda decode {cfg}"
+                assert torch.allclose(yt[esc[:, sl]].float(), w[:, sl][esc[:, sl]].float(), rtol=2**-8, atol=1e-6)
+                yq = enc.run(xe, view=True, cuda=cfg).t()
+                assert torch.equal(yq.view(torch.int16)[~esc[:, sl]], wq[:, sl].contiguous().view(torch.int16)[~esc[:, sl]]), f"cuda view {cfg}"
+        print("identity product: CUDA kernel decoded weights bit-exact (W12 and view)")
 
     # ---- 2b. every shape: lossless round trip, errors vs reference, determinism
     shapes = SHAPES[: args.shapes]
@@ -245,17 +274,22 @@ def main():
         for m in MS:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref, refq = x.float() @ wf.t(), x.float() @ wq.t()
-            y, yq = mt.run(x), mt.run(x, view=True)
+            y, yq = mt.op(x), mt.op(x, view=True)
             err["w12"] = max(err["w12"], rel(y, ref))
             err["view"] = max(err["view"], rel(yq, refq))
+            err["triton"] = max(err.get("triton", 0.0), rel(mt.run(x), ref))
             if m in (1, 16, 128) and si < 3:
                 err["w12_portable"] = max(err["w12_portable"], rel(mt.run(x, use_ptx=False), ref))
             for _ in range(9):
-                err["det"] &= torch.equal(mt.run(x), y) and torch.equal(mt.run(x, view=True), yq)
+                err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
+            if args.cuda_sweep and cuda_ok and m <= gc.MAX_M:
+                for cfg in cuda_candidates(m):
+                    e1, e2 = rel(mt.run(x, cuda=cfg), ref), rel(mt.run(x, view=True, cuda=cfg), refq)
+                    assert e1 < 1e-2 and e2 < 1e-2, f"cuda {cfg} M={m} {n}x{k}: rel err {e1:.2e} {e2:.2e}"
         del wf, wq, wd
         checks[(n, k)] = err
         mats[(n, k)] = mt
-        print(f"check {n}x{k}: nnz={mt.nnz} max rel err w12 {err['w12']:.2e} view {err['view']:.2e} "
+        print(f"check {n}x{k}: nnz={mt.nnz} max rel err w12 {err['w12']:.2e} triton {err['triton']:.2e} view {err['view']:.2e} "
               f"portable {err['w12_portable']:.2e} bitwise-deterministic x10 {err['det']}")
         assert err["w12"] < 1e-2 and err["view"] < 1e-2 and err["det"], "correctness check failed"
     torch.cuda.empty_cache()
@@ -306,6 +340,25 @@ def main():
                 fh.write(f"    {key}: Config({c.bm}, {c.split}, {c.num_warps}, {c.num_stages}, {c.ptx}),\n")
             fh.write("}\n")
 
+    if args.cuda_sweep and cuda_ok:
+        best = {}
+        for (n, k), mt in mats.items():
+            for m in (1, 2, 4, 8, 16, 32, 48, 64):
+                x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+                for view in (False, True):
+                    res = sorted(((bench(lambda: mt.run(x, view=view, cuda=c), rep=20), c) for c in cuda_candidates(m)), key=lambda r: r[0])
+                    key = (n, k, 8 * gc._nt_for(m), view)
+                    if key not in best or m == 8 * gc._nt_for(m):
+                        best[key] = res[0][1]
+                    print(f"cuda sweep {n}x{k} M={m} view={view}: " + ", ".join(
+                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll}]" for t, c in res[:5]))
+        gc.TABLE.update(best)
+        with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
+            fh.write("TABLE = {\n")
+            for key, c in best.items():
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}),\n")
+            fh.write("}\n")
+
     # ---- 4. timing
     rows = []
     for (n, k), mt in mats.items():
@@ -313,13 +366,25 @@ def main():
         for m in MS:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             t_cb = bench(lambda: torch.matmul(x, wb.t()))
-            t_w = bench(lambda: mt.run(x))
-            t_v = bench(lambda: mt.run(x, view=True))
+            t_w = bench(lambda: mt.op(x))
+            t_t = bench(lambda: mt.run(x))
+            t_v = bench(lambda: mt.op(x, view=True))
             c = g.pick_config(m, n, k)
-            rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, view=t_v,
+            if gc.usable(x, mt.records):
+                cc = gc.pick_config(m, n, k)
+                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}"
+            else:
+                c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
+            rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
-                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=f"{c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"))
+                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c))
     write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start)
+
+
+def cuda_candidates(m):
+    nts = {gc._nt_for(m)} | ({gc._nt_for(m) // 2} if m > 8 else set())
+    wu = [(4, 2), (4, 4), (4, 8), (8, 1), (8, 2), (8, 4)]
+    return [gc.CudaConfig(nt, w, u) for nt in sorted(nts) for (w, u) in wu]
 
 
 def geo(v):
@@ -346,18 +411,19 @@ def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs):
     for (n, k), e in checks.items():
         L.append(f"| {n}×{k} | {e['w12']:.2e} | {e['view']:.2e} | {e['w12_portable']:.2e} | {e['det']} |")
     L += ["", "## Summary: ratio = cuBLAS µs / kernel µs (geomean over shapes)", "",
-          "| M | W12 geomean | W12 min | view geomean | view min |", "|---|---|---|---|---|"]
+          "| M | W12 geomean | W12 min | view geomean | view min | Triton W12 geomean |", "|---|---|---|---|---|---|"]
     for m in MS:
         r = [x for x in rows if x["m"] == m]
         a = [x["cublas"] / x["w12"] for x in r]
         b = [x["cublas"] / x["view"] for x in r]
-        L.append(f"| {m} | {geo(a):.3f} | {min(a):.3f} | {geo(b):.3f} | {min(b):.3f} |")
+        c = [x["cublas"] / x["triton"] for x in r]
+        L.append(f"| {m} | {geo(a):.3f} | {min(a):.3f} | {geo(b):.3f} | {min(b):.3f} | {geo(c):.3f} |")
     L += ["", "## Full table", "",
-          "| N×K | M | cuBLAS µs | W12 µs | view µs | W12/cuBLAS | view/cuBLAS | cuBLAS TB/s | W12 TB/s | view TB/s | cfg bm/split/warps/stages/ptx |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| N×K | M | cuBLAS µs | W12 µs | view µs | W12/cuBLAS | view/cuBLAS | Triton W12/cuBLAS | cuBLAS TB/s | W12 TB/s | view TB/s | W12 kernel config |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in rows:
         L.append(f"| {x['n']}×{x['k']} | {x['m']} | {x['cublas']:.1f} | {x['w12']:.1f} | {x['view']:.1f} | "
-                 f"{x['cublas'] / x['w12']:.3f} | {x['cublas'] / x['view']:.3f} | {x['tb_cublas']:.2f} | "
+                 f"{x['cublas'] / x['w12']:.3f} | {x['cublas'] / x['view']:.3f} | {x['cublas'] / x['triton']:.3f} | {x['tb_cublas']:.2f} | "
                  f"{x['tb_w12']:.2f} | {x['tb_view']:.2f} | {x['cfg']} |")
     md = "\n".join(L) + "\n"
     path = os.path.join(args.out, f"{today}-kernels-h200.md")

@@ -3,15 +3,17 @@
     torch.ops.w12.gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n)   -> bf16 [M, n]
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
-x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA tensors run the Triton kernels with a
-config picked from a table by shape (no autotuning, no host sync); other devices run the reference
-decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
+x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA tensors with M ≤ 64 on a Hopper GPU run
+the CUDA skinny GEMM (kernels/w12_gemv.cu via gemm_cuda.py), other CUDA calls the Triton kernels, each
+with a config picked from a table by shape (no autotuning, no host sync); other devices run the
+reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
 """
 
 import torch
 
 from . import gemm as _g
+from . import gemm_cuda as _gc
 from . import reference as _ref
 
 
@@ -20,6 +22,8 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
              esc_offsets: torch.Tensor, esc_cols: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · Wᵀ with the exact W (escapes added as an exact sparse correction)."""
     if x.is_cuda:
+        if _gc.usable(x, records):
+            return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
         return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
     return _ref.gemm(x, records, exponents, counts, escapes, n)
@@ -34,6 +38,8 @@ def _(x, records, exponents, escapes, esc_offsets, esc_cols, n):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
+        if _gc.usable(x, records):
+            return _gc.launch(x, records, exponents, n, view=True)
         return _g.launch(x, records, exponents, n, view=True)
     nb, kb = records.shape[:2]
     counts = torch.zeros(nb, kb, dtype=torch.int32)

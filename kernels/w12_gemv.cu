@@ -1,0 +1,266 @@
+// W12 skinny GEMM on Hopper: Y[M, N] = X[M, K] · Wᵀ for M ≤ 64, W stored as W12 records (SPEC.md),
+// decoded in registers straight into mma.sync fragments.  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
+//
+// Work split
+//   CTA  = 16 output channels (rows r0..r0+15 of the records (nb, ·), an eighth of a record row)
+//          × every K × 8·NT rows of X (blockIdx.y picks the X row block).
+//   warp = the CTA's 16 channels × records kb = warp, warp + WARPS, ... (fixed, interleaved); U records
+//          are loaded before any is decoded (U · 1.5 KB in flight per warp).
+//   The WARPS partial sums are added in the fixed order 0..WARPS−1 in shared memory: no atomics, so
+//   every run gives the same bits.
+//
+// One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
+// order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
+// 16 contiguous columns 16t..16t+15 of rows g and g+8 of the record: one 16-byte load of view bytes per
+// row, one of nibble bytes (columns j and j+32 share a nibble byte: t ≥ 2 takes the high nibbles).  For
+// k-step s (0..3) its fragment positions κ = 2t, 2t+1, 2t+8, 2t+9 hold columns 16t+4s+{0,1,2,3}, so the
+// matching X fragment is the 32-bit words 2s, 2s+1 of X[m, 16t .. 16t+15] — again one 16-byte load.
+//
+// Decode (two weights per 32-bit word, SPEC.md §4): view byte b, low nibble lo ->
+//   bf16 bits of w · 2^(127 − E_n) = ((b << 8) & 0x8000) | (b << 4) | 0x3800 | lo
+//   t = prmt(v, 0, 0x1404) = [b1 0 b0 0];  s = t >> 4;  s = (t & 0x80008000) | s;
+//   c = prmt(nib, 0x38383838, 0x4140) = [38 n1 38 n0];  h = s | (c & 0x380F380F)       (5 ops / 2 weights)
+// 8-bit view: lo = 8 (midpoint of the discarded bits), escapes keep their code value (SPEC.md §4).
+// Epilogue: y = (Σ_warps acc) · 2^(E_n − 127)  (exact power of two, fp32 bits E_n << 23), then the exact
+// sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) in list order (SPEC.md §7), one rounding
+// to bf16.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int REC = 12288;   // bytes per 128 × 64 record
+constexpr int VIEW_BYTES = 8192;
+
+__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t lop3_or_and(uint32_t a, uint32_t b, uint32_t c) {  // a | (b & c)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xF8;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Four weights (view word v = columns c..c+3, nibble word n with lo in each byte's low nibble) ->
+// two bf16x2: lo01 = columns c, c+1; lo23 = columns c+2, c+3 (lower address in the low lane).
+template <bool VIEW>
+__device__ __forceinline__ void decode4(uint32_t v, uint32_t n, uint32_t& w01, uint32_t& w23) {
+  uint32_t t0 = __byte_perm(v, 0u, 0x1404), t1 = __byte_perm(v, 0u, 0x3424);
+  uint32_t s0 = lop3_and_or(t0, 0x80008000u, t0 >> 4), s1 = lop3_and_or(t1, 0x80008000u, t1 >> 4);
+  if (VIEW) {
+    w01 = s0 | 0x38083808u;
+    w23 = s1 | 0x38083808u;
+  } else {
+    w01 = lop3_or_and(s0, __byte_perm(n, 0x38383838u, 0x4140), 0x380F380Fu);
+    w23 = lop3_or_and(s1, __byte_perm(n, 0x38383838u, 0x4342), 0x380F380Fu);
+  }
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+template <int NT, bool VIEW, int WARPS, int U>
+__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
+    const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
+    const uint8_t* __restrict__ expo, const int16_t* __restrict__ esc, const int32_t* __restrict__ esc_off,
+    const int32_t* __restrict__ esc_col, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB) {
+  constexpr int MT = 8 * NT;  // X rows per CTA
+  constexpr int THREADS = WARPS * 32;
+  __shared__ float red[WARPS][16][MT];
+  __shared__ int s_row[THREADS], s_col[THREADS];
+  __shared__ float s_d[THREADS];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x >> 3, r0 = (blockIdx.x & 7) * 16;
+  const int m0 = blockIdx.y * MT;
+
+  // Escapes of this record row, fetched before the main loop (used only in the epilogue).
+  int e_lo = 0, e_hi = 0;
+  if (!VIEW) {
+    e_lo = esc_off[nb * KB];
+    e_hi = esc_off[(nb + 1) * KB];
+  }
+
+  const uint8_t* base = rec + (size_t)nb * KB * REC;
+  const int v0 = (r0 + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+  const int n0 = VIEW_BYTES + (r0 + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
+
+  const __nv_bfloat16* xr[NT];
+  bool xok[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    int m = m0 + 8 * j + g;
+    xok[j] = m < M;
+    xr[j] = x + (size_t)(xok[j] ? m : 0) * ldx + 16 * t;
+  }
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  for (int kb0 = warp; kb0 < KB; kb0 += WARPS * U) {
+    uint4 va[U], vb[U], na[U], nbq[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * WARPS;
+      if (kb < KB) {
+        const uint8_t* r = base + (size_t)kb * REC;
+        va[u] = ld_stream(r + v0);
+        vb[u] = ld_stream(r + v1);
+        if (!VIEW) {
+          na[u] = ld_stream(r + n0);
+          nbq[u] = ld_stream(r + n1);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * WARPS;
+      if (kb < KB) {
+        uint4 xa[NT], xb[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (xok[j]) {
+            const uint4* p = reinterpret_cast<const uint4*>(xr[j] + kb * 64);
+            xa[j] = __ldg(p);
+            xb[j] = __ldg(p + 1);
+          } else {
+            xa[j] = xb[j] = make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t a0, a1, a2, a3;
+          uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nbq[u], s) >> nsh;
+          decode4<VIEW>(word(va[u], s), nwa, a0, a2);
+          decode4<VIEW>(word(vb[u], s), nwb, a1, a3);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint4& q = s < 2 ? xa[j] : xb[j];
+            uint32_t b0 = word(q, 2 * (s & 1)), b1 = word(q, 2 * (s & 1) + 1);
+            mma16816(acc[j], a0, a1, a2, a3, b0, b1);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), escapes, bf16 store
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][8 * j + 2 * t] = acc[j][0];
+    red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncthreads();
+  const int mcount = min(MT, M - m0);
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    int e = expo[nb * 128 + r0 + r];
+    red[0][r][m] = sum * __int_as_float(e << 23);
+  }
+  if (!VIEW && e_hi > e_lo) {
+    for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
+      __syncthreads();
+      int i = c0 + tid;
+      s_row[tid] = -1;
+      if (i < e_hi) {
+        int p = esc[2 * i], rr = p >> 6, rl = rr - r0;
+        if (rl >= 0 && rl < 16) {
+          float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)esc[2 * i + 1]));
+          int er = expo[nb * 128 + rr];
+          s_row[tid] = rl;
+          s_col[tid] = esc_col[i];
+          s_d[tid] = w - __int_as_float((er - 15) << 23);  // w − w_code, w_code = 2^(E_n − 142)
+        }
+      }
+      __syncthreads();
+      int cnt = min(THREADS, e_hi - c0);
+      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+        int r = idx & 15, m = idx >> 4;
+        float out = red[0][r][m];
+        const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
+        for (int jj = 0; jj < cnt; ++jj)
+          if (s_row[jj] == r) out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
+        red[0][r][m] = out;
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
+  }
+}
+
+template <int NT, bool VIEW, int WARPS, int U>
+cudaError_t launch_t(const void* x, int M, int ldx, const void* rec, const void* expo, const void* esc,
+                     const void* esc_off, const void* esc_col, void* y, int ldy, int N, int NB, int KB,
+                     cudaStream_t stream) {
+  dim3 grid(NB * 8, (M + 8 * NT - 1) / (8 * NT));
+  w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
+      (const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo, (const int16_t*)esc,
+      (const int32_t*)esc_off, (const int32_t*)esc_col, (__nv_bfloat16*)y, ldy, N, KB);
+  return cudaGetLastError();
+}
+
+template <int NT, bool VIEW>
+cudaError_t launch_wu(int warps, int unroll, const void* x, int M, int ldx, const void* rec, const void* expo,
+                      const void* esc, const void* esc_off, const void* esc_col, void* y, int ldy, int N,
+                      int NB, int KB, cudaStream_t st) {
+#define W12_CASE(W, UU)                                                                                  \
+  if (warps == W && unroll == UU)                                                                        \
+    return launch_t<NT, VIEW, W, UU>(x, M, ldx, rec, expo, esc, esc_off, esc_col, y, ldy, N, NB, KB, st);
+  W12_CASE(4, 2) W12_CASE(4, 4) W12_CASE(8, 2) W12_CASE(8, 4) W12_CASE(4, 8) W12_CASE(8, 1)
+#undef W12_CASE
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+// Returns a cudaError_t (0 = launched).  nt: X rows per CTA / 8 (1, 2, 4, 8); warps: 4 or 8;
+// unroll: records in flight per warp (1, 2, 4, 8 with the pairs listed in launch_wu).
+// Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
+extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* esc,
+                        const void* esc_off, const void* esc_col, void* y, int ldy, int N, int NB, int KB,
+                        int view, int nt, int warps, int unroll, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+#define W12_NT(NTV)                                                                                       \
+  if (nt == NTV)                                                                                          \
+    return view ? launch_wu<NTV, true>(warps, unroll, x, M, ldx, rec, expo, esc, esc_off, esc_col, y, ldy, \
+                                       N, NB, KB, st)                                                     \
+                : launch_wu<NTV, false>(warps, unroll, x, M, ldx, rec, expo, esc, esc_off, esc_col, y,     \
+                                        ldy, N, NB, KB, st);
+  W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
+#undef W12_NT
+  return (int)cudaErrorInvalidValue;
+}
