@@ -22,7 +22,7 @@ MAX_M = 64
 class CudaConfig:
     nt: int  # X rows per CTA / 8: 1, 2, 4 or 8
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
-    unroll: int  # records loaded per warp before decoding (pairs compiled: see w12_gemv.cu launch_wu)
+    unroll: int  # records per pipeline stage per warp, 1, 2 or 4 (two stages in flight)
 
 
 def _nt_for(m: int) -> int:

@@ -71,7 +71,7 @@ __device__ __forceinline__ void decode4(uint32_t v, uint32_t n, uint32_t& w01, u
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -81,6 +81,78 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
 __device__ __forceinline__ uint32_t word(const uint4& q, int i) {
   return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
+
+// U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
+// 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
+template <int NT, bool VIEW, int U>
+struct Group {
+  static constexpr bool XPF = NT <= 2;
+  uint4 va[U], vb[U], na[U], nb[U];
+  uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
+
+  __device__ __forceinline__ static void load_x(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
+    if (ok) {
+      const uint4* p = reinterpret_cast<const uint4*>(xr + kb * 64);
+      a = __ldg(p);
+      b = __ldg(p + 1);
+    } else {
+      a = b = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
+                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * warps;
+      if (kb < KB) {
+        const uint8_t* r = base + (size_t)kb * REC;
+        va[u] = ld_stream(r + v0);
+        vb[u] = ld_stream(r + v1);
+        if (!VIEW) {
+          na[u] = ld_stream(r + n0);
+          nb[u] = ld_stream(r + n1);
+        }
+        if (XPF) {
+#pragma unroll
+          for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, int nsh,
+                                          const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * warps;
+      if (kb < KB) {
+        uint4 ya[NT], yb[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (XPF) {
+            ya[j] = xa[XPF ? u : 0][j];
+            yb[j] = xb[XPF ? u : 0][j];
+          } else {
+            load_x(ya[j], yb[j], xr[j], xok[j], kb);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t a0, a1, a2, a3;
+          uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nb[u], s) >> nsh;
+          decode4<VIEW>(word(va[u], s), nwa, a0, a2);
+          decode4<VIEW>(word(vb[u], s), nwb, a1, a3);
+#pragma unroll
+          for (int j = 0; j < NT; ++j) {
+            const uint4& q = s < 2 ? ya[j] : yb[j];
+            mma16816(acc[j], a0, a1, a2, a3, word(q, 2 * (s & 1)), word(q, 2 * (s & 1) + 1));
+          }
+        }
+      }
+    }
+  }
+};
 
 template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
@@ -110,7 +182,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int n0 = VIEW_BYTES + (r0 + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
 
-  const __nv_bfloat16* xr[NT];
+  const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
   bool xok[NT];
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -123,51 +195,16 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-  for (int kb0 = warp; kb0 < KB; kb0 += WARPS * U) {
-    uint4 va[U], vb[U], na[U], nbq[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * WARPS;
-      if (kb < KB) {
-        const uint8_t* r = base + (size_t)kb * REC;
-        va[u] = ld_stream(r + v0);
-        vb[u] = ld_stream(r + v1);
-        if (!VIEW) {
-          na[u] = ld_stream(r + n0);
-          nbq[u] = ld_stream(r + n1);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * WARPS;
-      if (kb < KB) {
-        uint4 xa[NT], xb[NT];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          if (xok[j]) {
-            const uint4* p = reinterpret_cast<const uint4*>(xr[j] + kb * 64);
-            xa[j] = __ldg(p);
-            xb[j] = __ldg(p + 1);
-          } else {
-            xa[j] = xb[j] = make_uint4(0, 0, 0, 0);
-          }
-        }
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a0, a1, a2, a3;
-          uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nbq[u], s) >> nsh;
-          decode4<VIEW>(word(va[u], s), nwa, a0, a2);
-          decode4<VIEW>(word(vb[u], s), nwb, a1, a3);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint4& q = s < 2 ? xa[j] : xb[j];
-            uint32_t b0 = word(q, 2 * (s & 1)), b1 = word(q, 2 * (s & 1) + 1);
-            mma16816(acc[j], a0, a1, a2, a3, b0, b1);
-          }
-        }
-      }
-    }
+  // Pipelined main loop: group A's U records (and, for NT ≤ 2, their X fragments) are in flight while
+  // group B is decoded, and the other way round.
+  Group<NT, VIEW, U> ga, gb;
+  constexpr int STEP = WARPS * U;
+  ga.load(base, warp, KB, WARPS, v0, v1, n0, n1, xr, xok);
+  for (int kb0 = warp; kb0 < KB; kb0 += 2 * STEP) {
+    gb.load(base, kb0 + STEP, KB, WARPS, v0, v1, n0, n1, xr, xok);
+    ga.compute(acc, kb0, KB, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, KB, WARPS, v0, v1, n0, n1, xr, xok);
+    gb.compute(acc, kb0 + STEP, KB, WARPS, nsh, xr, xok);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), escapes, bf16 store
@@ -240,7 +277,7 @@ cudaError_t launch_wu(int warps, int unroll, const void* x, int M, int ldx, cons
 #define W12_CASE(W, UU)                                                                                  \
   if (warps == W && unroll == UU)                                                                        \
     return launch_t<NT, VIEW, W, UU>(x, M, ldx, rec, expo, esc, esc_off, esc_col, y, ldy, N, NB, KB, st);
-  W12_CASE(4, 2) W12_CASE(4, 4) W12_CASE(8, 2) W12_CASE(8, 4) W12_CASE(4, 8) W12_CASE(8, 1)
+  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(4, 4) W12_CASE(8, 1) W12_CASE(8, 2) W12_CASE(8, 4)
 #undef W12_CASE
   return cudaErrorInvalidValue;
 }
@@ -248,7 +285,7 @@ cudaError_t launch_wu(int warps, int unroll, const void* x, int M, int ldx, cons
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per CTA / 8 (1, 2, 4, 8); warps: 4 or 8;
-// unroll: records in flight per warp (1, 2, 4, 8 with the pairs listed in launch_wu).
+// unroll: records per pipeline stage per warp (1, 2, 4; two stages in flight).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* esc,
                         const void* esc_off, const void* esc_col, void* y, int ldy, int N, int NB, int KB,
