@@ -276,7 +276,7 @@ def main():
     print(f"CUDA skinny kernel available: {cuda_ok}")
     if cuda_ok:
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
-        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 4), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 8)):
+        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 4), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 4), gc.CudaConfig(1, 4, 1)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()

@@ -13,13 +13,17 @@ All three only *choose* rows, so they stay lossless (the verifier is unchanged):
 * Prompt admission — `FlatAdmission`: a waiting prompt's rows are merged into the verification step only
   when the step's rows + the prompt's rows stay in the flat region of the step-time curve; otherwise the
   prompt waits (forced after `max_wait` steps, or at once when nothing else is running).
-* `RowCurve`: step time vs rows (the curve the policies read). `llama8b_curve` derives a Llama-3.1-8B
-  step (4 projections × 32 layers + LM head; GEMMs only, no attention) from the H200 kernel table.
+* `RowCurve`: step time vs rows (the curve the policies read). `RowCurve.from_json` reads the curve
+  measured on the GPU by bench/gpu_step_costs.py (whole Llama-3.1-8B-shaped forward of R rows: all layers,
+  attention over a static KV cache, LM head; BF16, W12 exact or the 8-bit view). `llama8b_curve` is the
+  fallback: it derives a step (4 projections × 32 layers + LM head; GEMMs only, no attention) from the
+  H200 kernel table.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +134,24 @@ class RowCurve:
             if m <= xs[i]:
                 return ys[i - 1] + (ys[i] - ys[i - 1]) * (m - xs[i - 1]) / (xs[i] - xs[i - 1])
         return ys[-1] + (ys[-1] - ys[-2]) * (m - xs[-1]) / (xs[-1] - xs[-2])
+
+    @classmethod
+    def from_json(cls, path, kind: str = "w12") -> "RowCurve":
+        """The curve measured by bench/gpu_step_costs.py: {"curve": {"rows": [R...], "<kind>_ms": [ms...]}},
+        kind = bf16 | w12 | view; milliseconds in the file, seconds in the curve."""
+        doc = json.loads(Path(path).read_text())
+        curve = doc.get("curve") or {}
+        rows, ms = curve.get("rows"), curve.get(f"{kind}_ms")
+        if rows is None or ms is None:
+            have = sorted(k[:-3] for k in curve if k.endswith("_ms"))
+            raise ValueError(f"{path}: no measured {kind!r} row-cost curve (has {have or 'none'})")
+        if len(rows) != len(ms) or len(rows) < 2:
+            raise ValueError(f"{path}: {kind} curve needs >= 2 points and one time per row count")
+        if any(b <= a for a, b in zip(rows, rows[1:])) or any(not t > 0 for t in ms):
+            raise ValueError(f"{path}: {kind} curve rows must increase and times be positive")
+        where = ", ".join(str(doc[k]) for k in ("model", "device") if doc.get(k))
+        return cls([int(r) for r in rows], [float(t) * 1e-3 for t in ms],
+                   f"measured {kind} step ({where}; ctx {doc.get('ctx')}) from {Path(path).name}")
 
     def flat_limit(self, base_rows: int, tol: float = 0.05) -> int:
         """The most rows whose step time stays within (1 + tol) of the time at `base_rows` (the flat

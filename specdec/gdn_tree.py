@@ -133,11 +133,11 @@ def verify_gdn_paths(gdn, inp: GDNInputs, paths: list[list[int]], conv0: torch.T
     conv = conv0.expand(P, -1, -1).clone()
     rec = rec0.expand(P, -1, -1, -1).clone()
     held = conv.nbytes + rec.nbytes
-    core = torch.empty(N, *rec.shape[1:2], rec.shape[-1], dtype=torch.float32)
-    done = torch.zeros(N, dtype=torch.bool)
+    core = torch.empty(N, *rec.shape[1:2], rec.shape[-1], dtype=torch.float32, device=rec.device)
+    done = torch.zeros(N, dtype=torch.bool, device=rec.device)
     for t in range(len(paths[0])):
         a = sum(len(p) > t for p in paths)                   # active paths: a prefix of the sorted list
-        nodes = torch.tensor([p[t] for p in paths[:a]])
+        nodes = torch.tensor([p[t] for p in paths[:a]], device=rec.device)
         out, rec_a = gdn_step(gdn, conv[:a], rec[:a], inp.mixed_qkv[nodes], inp.g[nodes], inp.beta[nodes])
         rec[:a] = rec_a
         new = ~done[nodes]                                   # first path through a node provides its output
@@ -150,9 +150,9 @@ def verify_gdn_snapshots(gdn, inp: GDNInputs, parents: list[int], conv0: torch.T
     """Reference: every node stepped from its parent's snapshot; all N snapshots kept.
     Returns (core [N, HV, dv], snapshots (conv [N, C, K], rec [N, HV, dk, dv]))."""
     N = len(parents)
-    convs = torch.empty(N, *conv0.shape[1:], dtype=conv0.dtype)
-    recs = torch.empty(N, *rec0.shape[1:], dtype=rec0.dtype)
-    core = torch.empty(N, *rec0.shape[1:2], rec0.shape[-1], dtype=torch.float32)
+    convs = torch.empty(N, *conv0.shape[1:], dtype=conv0.dtype, device=conv0.device)
+    recs = torch.empty(N, *rec0.shape[1:], dtype=rec0.dtype, device=rec0.device)
+    core = torch.empty(N, *rec0.shape[1:2], rec0.shape[-1], dtype=torch.float32, device=rec0.device)
     for i, p in enumerate(parents):
         convs[i] = conv0[0] if p < 0 else convs[p]
         out, rec = gdn_step(gdn, convs[i:i + 1], rec0 if p < 0 else recs[p:p + 1],
@@ -160,6 +160,34 @@ def verify_gdn_snapshots(gdn, inp: GDNInputs, parents: list[int], conv0: torch.T
         recs[i] = rec[0]
         core[i] = out[0].float()
     return core, (convs, recs)
+
+
+def tree_conv(gdn, inp: GDNInputs, plan, conv0: torch.Tensor):
+    """Post-conv q [N, HK, dk], k [N, HK, dk], v [N, HV, dv] of every node, each from the conv state its own
+    root path reaches (the last K pre-conv inputs before the node; the committed conv0 [1, C, K] before the
+    root): HF's `causal_conv1d_update` on the N windows at once. `plan`: kernels.gdn_path_triton.TreePlan.
+    Returns (q, k, v, bytes of the N gathered conv windows -- token-sized x K, transient)."""
+    K, N = conv0.shape[-1], inp.mixed_qkv.shape[0]
+    table = torch.cat([conv0[0].T, inp.mixed_qkv.to(conv0.dtype)])            # [K + N, C]
+    windows = table[plan.conv_index(K)].transpose(1, 2)                       # [N, C, K]: the parent's conv state
+    mixed = causal_conv1d_update(inp.mixed_qkv[:, :, None], windows, gdn.conv1d.weight.squeeze(1),
+                                 gdn.conv1d.bias, gdn.activation)[:, :, 0]     # [N, C]
+    q, k, v = torch.split(mixed, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+    return (q.view(N, -1, gdn.head_k_dim), k.view(N, -1, gdn.head_k_dim), v.view(N, -1, gdn.head_v_dim),
+            windows.nbytes)
+
+
+def verify_gdn_paths_triton(gdn, inp: GDNInputs, plan, conv0: torch.Tensor, rec0: torch.Tensor, kernel="path"):
+    """Path recompute by kernels/gdn_path_triton.py (kernel "path" / "node": the recurrent kernel, "wy": the
+    WY form): the conv per node (`tree_conv`), then every node's delta rule recomputed along its root path
+    from rec0 inside the kernel -- no recurrent state is written to memory. CPU tensors without
+    TRITON_INTERPRET run the kernel module's PyTorch fallback. Same maths as `verify_gdn_paths`, equal to
+    fp32 rounding (not bit for bit). Returns (core [N, HV, dv] fp32, bytes held: the conv windows)."""
+    from w12.kernels.gdn_path_triton import tree_outputs
+
+    q, k, v, held = tree_conv(gdn, inp, plan, conv0)
+    core = tree_outputs(q, k, v, inp.g, inp.beta, rec0.float(), plan, method=kernel)
+    return core.to(q.dtype).float(), held        # rounded to q's dtype, as the reference's output is
 
 
 def replay_path(gdn, inp: GDNInputs, rows: list[int], conv0: torch.Tensor, rec0: torch.Tensor):
@@ -208,13 +236,24 @@ def _gdn_layer(cache, i):
     return layer, conv, rec
 
 
+# recompute on the GPU kernels (kernels/gdn_path_triton.py): method -> kernel; the commit is the same replay
+TRITON_METHODS = {"recompute_triton": "path", "recompute_wy": "wy"}
+
+
+def _plan(parents: list[int], device):
+    from w12.kernels.gdn_path_triton import TreePlan
+
+    return TreePlan(parents, device)
+
+
 @torch.no_grad()
 def tree_forward(model, cache, tree: Tree, start: int, method: str = "recompute"):
     """One target pass over `tree` (root = last committed token, not cached yet; `start` = cached length).
     Returns (logits [N, V], Pending). The cache's attention layers get the N tree rows appended; GDN states
     are read, not written (the commit writes them)."""
-    if method not in ("recompute", "snapshot"):
-        raise ValueError(f"method must be 'recompute' or 'snapshot', found {method!r}")
+    if method not in ("recompute", "snapshot", *TRITON_METHODS):
+        raise ValueError(f"method must be 'recompute', 'snapshot', 'recompute_triton' or 'recompute_wy', "
+                         f"found {method!r}")
     inner, cfg = model.model, model.config
     x, pos, mask = tree_inputs(tree, start, model.dtype)
     paths = root_paths(tree)
@@ -222,7 +261,8 @@ def tree_forward(model, cache, tree: Tree, start: int, method: str = "recompute"
     types = cfg.layer_types[:cfg.num_hidden_layers]
     pend = Pending(method, start)
     mem = VerifyMemory(len(tree), len(paths), types.count(GDN), 0, path_steps=sum(map(len, paths))
-                       if method == "recompute" else len(tree))
+                       if method != "snapshot" else len(tree))
+    plan = _plan(parents, inner.embed_tokens.weight.device) if method in TRITON_METHODS else None
     h = inner.embed_tokens(x)
     pe = inner.rotary_emb(h, pos)
     for i, layer in enumerate(inner.layers[:cfg.num_hidden_layers]):
@@ -234,6 +274,11 @@ def tree_forward(model, cache, tree: Tree, start: int, method: str = "recompute"
             inp, z = gdn_project(gdn, hn)
             if method == "recompute":
                 core, held = verify_gdn_paths(gdn, inp, paths, conv0, rec0)
+                pend.inputs[i] = inp
+                mem.path_state_bytes = max(mem.path_state_bytes, held)
+                mem.stash_bytes += inp.nbytes
+            elif plan is not None:
+                core, held = verify_gdn_paths_triton(gdn, inp, plan, conv0, rec0, TRITON_METHODS[method])
                 pend.inputs[i] = inp
                 mem.path_state_bytes = max(mem.path_state_bytes, held)
                 mem.stash_bytes += inp.nbytes
@@ -260,7 +305,7 @@ def commit(model, cache, pending: Pending, rows: list[int]) -> None:
     state after those tokens (replayed, or the last row's snapshot); attention layers keep only those rows."""
     start = pending.start
     for i, layer in enumerate(cache.layers):
-        if pending.method == "recompute" and i in pending.inputs:
+        if pending.method != "snapshot" and i in pending.inputs:
             lay, conv0, rec0 = _gdn_layer(cache, i)
             conv, rec = replay_path(model.model.layers[i].linear_attn, pending.inputs[i], rows, conv0, rec0)
         elif pending.method == "snapshot" and i in pending.snapshots:
@@ -295,7 +340,8 @@ class HybridGeneration(Generation):
 def hybrid_speculative_generate(target, drafter, prompt: list[int], build, max_new_tokens: int,
                                 method: str = "recompute", eos_token_id=None, cache=None) -> HybridGeneration:
     """Greedy speculative decoding of a Qwen3-Next-style hybrid target with tree verification
-    (`method` = "recompute" (path recompute + replay commit) or "snapshot" (per-node snapshots)).
+    (`method` = "recompute" (path recompute + replay commit), "snapshot" (per-node snapshots), or
+    "recompute_triton" / "recompute_wy" (path recompute by the GPU kernels + replay commit)).
     Output = the target's greedy output. Pass `cache` (an empty DynamicCache) to inspect it afterwards."""
     eos, ids = _eos(target, eos_token_id), list(prompt)
     gen, t0 = HybridGeneration([]), time.perf_counter()

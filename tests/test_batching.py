@@ -202,3 +202,53 @@ def test_smollm2_batched_lossless(smollm2):
     for g, r, (_, _, m, _) in zip(gens, refs, jobs):
         assert g.tokens == r[:m]
     assert max(stats.batch) > 1
+
+
+# --- the measured row-cost curve (bench/gpu_step_costs.py JSON) --------------------------------------
+
+def costs_file(tmp_path, **curve):
+    """A small synthetic bench/gpu_step_costs.py result: flat BF16, rising W12 (ms)."""
+    import json
+    doc = {"schema": "w12-gpu-step-costs/1", "model": "synthetic", "device": "test", "ctx": 512,
+           "curve": curve or {"rows": [1, 16, 64, 128], "bf16_ms": [7.0, 7.1, 7.4, 8.0],
+                              "w12_ms": [6.5, 8.0, 13.0, 19.0], "view_ms": [5.0, 6.5, 11.0, 17.0]}}
+    p = tmp_path / "costs.json"
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_row_curve_from_json(tmp_path):
+    p = costs_file(tmp_path)
+    w12, bf16 = RowCurve.from_json(p, "w12"), RowCurve.from_json(p, "bf16")
+    assert w12.rows == [1, 16, 64, 128] and w12.seconds == pytest.approx([6.5e-3, 8e-3, 13e-3, 19e-3])
+    assert w12(40) == pytest.approx(10.5e-3) and w12(256) == pytest.approx(31e-3)      # interpolated; extrapolated
+    assert "measured w12" in w12.label and "costs.json" in w12.label
+    assert bf16.flat_limit(1) >= 16 and w12.flat_limit(1) < 16
+    with pytest.raises(ValueError, match="no measured 'cublas'"):
+        RowCurve.from_json(p, "cublas")
+    with pytest.raises(ValueError, match="increase"):
+        RowCurve.from_json(costs_file(tmp_path, rows=[1, 8, 4], w12_ms=[1.0, 2.0, 3.0]), "w12")
+    with pytest.raises(ValueError, match="one time per row"):
+        RowCurve.from_json(costs_file(tmp_path, rows=[1, 8], w12_ms=[1.0]), "w12")
+
+
+def test_batching_sim_reads_measured_costs(tmp_path):
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    import batching_sim
+
+    p = costs_file(tmp_path)
+    curves, text = batching_sim.load_curves(p)
+    assert set(curves) == {"bf16", "w12"} and "measured" in text[0]
+    assert set(batching_sim.load_curves(None)[0]) == {"cublas", "w12"}          # the kernel-table fallback
+    records = batching_sim.records_of("trunc-fp32")[:3]
+    ar = batching_sim.simulate(records, 4, curves["w12"], "ar")
+    sh = batching_sim.simulate(records, 4, curves["w12"], "shared", 2)
+    assert ar["tau"] == 1 and sh["tau"] > 1 and sh["tok_s"] > 0
+    assert batching_sim.simulate(records, 4, curves["bf16"], "ar")["tok_s"] != ar["tok_s"]     # the curve is used
+    report = tmp_path / "sim.md"
+    batching_sim.main(["--costs", str(p), "--report", str(report), "--recordings", "trunc-fp32", "--limit", "2",
+                       "--batches", "2", "--tau-batches", "2"])
+    text = report.read_text()
+    assert "Curve source: **measured (costs.json)**" in text and "bf16 curve (measured)" in text
+    assert "| 256* |" in text                                                   # extrapolation is marked

@@ -195,3 +195,93 @@ def test_record_q_and_agreement_model():
     assert sum(full) == sum(none) == len(ref) - 1
     assert len(full) < len(none) and set(none) == {1}
     assert len(full) <= len(replay(rec, make_builder("best-first", 8)))
+
+
+# --- GPU step costs (bench/gpu_step_costs.py) and the projection that reads them ---------------------
+
+def _bench(name):
+    import importlib
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    return importlib.import_module(name)
+
+
+def test_gpu_step_costs_forward_is_hf_forward():
+    """The timed forward (static KV slots, grouped-query SDPA, explicit masks) gives HF's logits: a causal
+    pass after a prefill, and a tree pass as the reference engine runs it (tree_inputs + DynamicCache)."""
+    g = _bench("gpu_step_costs")
+    assert g.check_semantics("cpu", 0) < 1e-5
+    cfg = g.llama_config(True)
+    torch.manual_seed(0)
+    model = g.build_model(cfg, "cpu", 0).float()
+    kv, ctx = g.StaticKV(cfg, 80, "cpu", torch.float32), 40
+    ids = torch.randint(0, cfg.vocab_size, (1, ctx))
+    g.Pass(model, kv, 0, ids[0], torch.arange(ctx), torch.ones(ctx, ctx, dtype=torch.bool).tril()).logits()
+    tree1, full, _ = g.tlv_trees(12, 3, 5, cfg.vocab_size)
+    for tree in (tree1, full):
+        ours = g.tree_pass(model, kv, ctx, tree).logits()[0]
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, cache=cache, use_cache=True)
+        x, pos, mask = tree_inputs(tree, ctx, model.dtype)
+        ref = model(input_ids=x, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True).logits[0]
+        assert g.rel_err(ours, ref) < 1e-5
+
+
+def costs_doc(budgets=(16, 32)):
+    return {"schema": "w12-gpu-step-costs/1", "model": "synthetic", "device": "test", "ctx": 512,
+            "curve": {"rows": [1, 17, 33], "bf16_ms": [7.0, 7.1, 7.2], "w12_ms": [6.0, 8.0, 9.0]},
+            "tlv": {"chain": 2, "draft_ms": 0.5, "draft_assumption": "ASSUMED test drafter",
+                    "budgets": {str(n): {"rows": n + 1, "q_ms": 0.6 * n / 4, "exact_ms": n / 4, "single_ms": n / 4,
+                                         "single_bf16_ms": 7.0, "append_ms": 0.05, "host_ms": 0.1} for n in budgets}}}
+
+
+def test_tlv_projection_reads_measured_costs(tmp_path):
+    import json
+    proj = _bench("tlv_projection")
+    p = tmp_path / "costs.json"
+    p.write_text(json.dumps(costs_doc()))
+    costs = proj.stage_costs(p)
+    assert list(costs["budgets"]) == [16, 32] and costs["draft"] == 0.5
+    assert costs["budgets"][32] == {"rows": 33, "q": 4.8, "exact": 8.0, "single": 8.0, "single_bf16": 7.0,
+                                    "append": 0.05, "host": 0.1}
+    rows = proj.measured_rows(costs, [("t", 2.0, 3.6)])
+    r = next(r for r in rows if r["n"] == 32)
+    single = 0.5 + 8.0 + 0.15                                   # draft + step + append + host
+    cycle = 2 * 0.5 + (4.8 + 0.1) + 8.0 + 0.15                  # 2 drafts + (Q + host) + exact + (append + host)
+    assert r["single_ms"] == pytest.approx(single) and r["cycle_ms"] == pytest.approx(cycle)
+    assert r["speedup"] == pytest.approx((3.6 / cycle) / (2.0 / single))
+    assert r["q_over_exact"] == pytest.approx(0.6)
+    # at the reported break-even Q the projected rates are equal; below it TLV wins, above it TLV loses
+    at = lambda q: proj.project(2.0, 3.6, 0.5, q + 0.1, 8.0, 0.15, single_step=single)["speedup"]
+    assert at(r["q_max_ms"]) == pytest.approx(1.0)
+    assert at(r["q_max_ms"] - 0.1) > 1 > at(r["q_max_ms"] + 0.1)
+    assert r["q_max_over_exact"] == pytest.approx(r["q_max_ms"] / 8.0)
+    assert r["speedup_vs_bf16"] == pytest.approx((3.6 / cycle) / (2.0 / (0.5 + 7.0 + 0.15)))
+    # τ measured on real text (the SmolLM2 exact replay): 376 tokens over 253 single / 132 TLV passes at N = 32
+    taus = proj.replay_taus()
+    assert taus[32] == (pytest.approx(376 / 253), pytest.approx(376 / 132), 8)
+    report = tmp_path / "proj.md"
+    out = proj.main(["--costs", str(p), "--report", str(report)])
+    assert len(out) == 2 * 2                                    # (paper τ, our τ) × (N = 16, 32)
+    text = report.read_text()
+    assert "PROJECTIONS" in text and "TLV loses when Q / exact" in text and "ASSUMED test drafter" in text
+    bad = costs_doc()
+    del bad["tlv"]["budgets"]["16"]["q_ms"]
+    p.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="lack"):
+        proj.stage_costs(p)
+
+
+def test_gpu_step_costs_tiny_run_feeds_both_consumers(tmp_path):
+    """End to end on the CPU: the tiny run writes the JSON that RowCurve.from_json and the projection read."""
+    from w12.specdec.batching import RowCurve
+    g, proj = _bench("gpu_step_costs"), _bench("tlv_projection")
+    out = tmp_path / "tiny.json"
+    doc = g.main(["--tiny", "--json", str(out), "--rows", "1,2,4", "--budgets", "4", "--ctx", "16"])
+    assert doc["check"]["w12_vs_bf16_rel_err"] == 0.0 and doc["check"]["view_vs_bf16_rel_err"] > 0
+    for kind in ("bf16", "w12", "view"):
+        assert RowCurve.from_json(out, kind).rows == [1, 2, 4]
+    costs = proj.stage_costs(out)
+    assert costs["budgets"][4]["rows"] == 5 and "ASSUMED" in costs["draft_assumption"]
+    assert proj.measured_rows(costs, [("t", 1.5, 2.8)])[0]["speedup"] > 0
