@@ -157,7 +157,9 @@ def load_curves(costs=None) -> tuple[dict[str, RowCurve], list[str]]:
                 f"{curves['w12'].label.split(' step ', 1)[1]}; one forward of R rows (all layers, attention over a "
                 "static KV cache of ctx committed tokens, LM head, argmax of every row), CUDA-graph replays, median. "
                 "BF16 = cuBLAS through `nn.Linear`; W12 = `torch.ops.w12.gemm`. Piecewise linear between the "
-                f"measured R; past R = {curves['w12'].rows[-1]} linear extrapolation of the last segment (marked *)."]
+                f"measured R; past R = {curves['w12'].rows[-1]} linear extrapolation of the last segment (marked *). "
+                "The R rows share one KV cache: B requests' separate caches (B·ctx·128 KiB of K/V reads per step "
+                "for this shape) are not in the curve."]
         return curves, text
     curves = {k: llama8b_curve(KERNELS, k) for k in ("cublas", "w12")}
     text = ["Llama-3.1-8B-shaped target step, **derived** from the H200 kernel table "

@@ -387,6 +387,25 @@ def main():
                 fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}),\n")
             fh.write("}\n")
 
+    # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
+    diag = []
+    if cuda_ok:
+        tiny = Mat(128, 64, 5)
+        xt = torch.randn(1, 64, device="cuda").to(torch.bfloat16)
+        diag.append(("floor: W12 CUDA 128x64 M=1", bench(lambda: tiny.op(xt), clean=True)))
+        diag.append(("floor: cuBLAS 128x64 M=1", bench(lambda: torch.matmul(xt, tiny.w.t()), clean=True)))
+        for (n, k) in shapes[:3]:
+            mt = mats[(n, k)]
+            x1 = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+            no_esc = torch.zeros_like(mt.offs)
+            cfg = gc.pick_config(1, n, k)
+            diag.append((f"{n}x{k} M=1 W12 CUDA", bench(lambda: mt.op(x1), clean=True)))
+            diag.append((f"{n}x{k} M=1 W12 CUDA, escape epilogue skipped (wrong result, timing only)", bench(
+                lambda: gc.launch(x1, mt.records, mt.exps, n, mt.escapes, no_esc, mt.cols, config=cfg), clean=True)))
+            diag.append((f"{n}x{k} M=1 view CUDA", bench(lambda: mt.op(x1, view=True), clean=True)))
+        for name, t in diag:
+            print(f"diag {t:8.1f} µs  {name}")
+
     # ---- 4. timing
     rows = []
     for (n, k), mt in mats.items():
@@ -410,7 +429,7 @@ def main():
                              c_cublas=c_cb, c_w12=c_w, c_view=c_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
                              tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c))
-    write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start)
+    write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start, diag)
 
 
 def cuda_candidates(m):
@@ -423,7 +442,7 @@ def geo(v):
     return math.exp(sum(math.log(a) for a in v) / len(v))
 
 
-def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs):
+def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs, diag=()):
     today = datetime.date.today().isoformat()
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -442,6 +461,8 @@ def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs):
          "| N×K | W12 | view (vs view ref) | W12 portable decode | bitwise equal over 10 runs |", "|---|---|---|---|---|"]
     for (n, k), e in checks.items():
         L.append(f"| {n}×{k} | {e['w12']:.2e} | {e['view']:.2e} | {e['w12_portable']:.2e} | {e['det']} |")
+    if diag:
+        L += ["", "## Diagnostics (clean flush, µs)", ""] + [f"- {t:.1f} µs: {name}" for name, t in diag]
     L += ["", "## Summary: ratio = cuBLAS µs / kernel µs (geomean over shapes)", "",
           "| M | W12 geomean | W12 min | view geomean | view min | Triton W12 geomean | clean flush: W12 geomean | W12 min | view geomean |",
           "|---|---|---|---|---|---|---|---|---|"]

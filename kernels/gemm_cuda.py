@@ -32,14 +32,100 @@ def _nt_for(m: int) -> int:
     return 8
 
 
-# (N, K, M bucket, view) -> CudaConfig, from `python bench/kernels.py --cuda-sweep` on the H200.
-TABLE: dict = {}
+# (N, K, M bucket, view) -> CudaConfig: the fastest candidate of `python bench/kernels.py --cuda-sweep`
+# on the H200 (2026-11-29, commit b1f60dc, clean-flush timing); other shapes: pick_config's rule.
+TABLE: dict = {
+    (6144, 4096, 8, False): CudaConfig(1, 8, 1),
+    (6144, 4096, 8, True): CudaConfig(1, 8, 1),
+    (6144, 4096, 16, False): CudaConfig(2, 4, 1),
+    (6144, 4096, 16, True): CudaConfig(2, 8, 1),
+    (6144, 4096, 32, False): CudaConfig(4, 4, 1),
+    (6144, 4096, 32, True): CudaConfig(2, 4, 1),
+    (6144, 4096, 64, False): CudaConfig(8, 4, 1),
+    (6144, 4096, 64, True): CudaConfig(8, 4, 2),
+    (4096, 4096, 8, False): CudaConfig(1, 8, 1),
+    (4096, 4096, 8, True): CudaConfig(1, 8, 1),
+    (4096, 4096, 16, False): CudaConfig(2, 8, 1),
+    (4096, 4096, 16, True): CudaConfig(2, 8, 1),
+    (4096, 4096, 32, False): CudaConfig(4, 8, 1),
+    (4096, 4096, 32, True): CudaConfig(4, 8, 2),
+    (4096, 4096, 64, False): CudaConfig(4, 4, 1),
+    (4096, 4096, 64, True): CudaConfig(4, 4, 2),
+    (28672, 4096, 8, False): CudaConfig(1, 4, 1),
+    (28672, 4096, 8, True): CudaConfig(1, 8, 1),
+    (28672, 4096, 16, False): CudaConfig(2, 4, 1),
+    (28672, 4096, 16, True): CudaConfig(2, 4, 1),
+    (28672, 4096, 32, False): CudaConfig(4, 4, 1),
+    (28672, 4096, 32, True): CudaConfig(4, 4, 1),
+    (28672, 4096, 64, False): CudaConfig(4, 4, 1),
+    (28672, 4096, 64, True): CudaConfig(8, 4, 1),
+    (4096, 14336, 8, False): CudaConfig(1, 8, 1),
+    (4096, 14336, 8, True): CudaConfig(1, 8, 1),
+    (4096, 14336, 16, False): CudaConfig(2, 8, 1),
+    (4096, 14336, 16, True): CudaConfig(2, 8, 1),
+    (4096, 14336, 32, False): CudaConfig(4, 8, 1),
+    (4096, 14336, 32, True): CudaConfig(4, 8, 2),
+    (4096, 14336, 64, False): CudaConfig(4, 4, 1),
+    (4096, 14336, 64, True): CudaConfig(4, 4, 2),
+    (128256, 4096, 8, False): CudaConfig(1, 4, 1),
+    (128256, 4096, 8, True): CudaConfig(1, 4, 1),
+    (128256, 4096, 16, False): CudaConfig(2, 4, 1),
+    (128256, 4096, 16, True): CudaConfig(2, 4, 1),
+    (128256, 4096, 32, False): CudaConfig(4, 4, 1),
+    (128256, 4096, 32, True): CudaConfig(4, 4, 1),
+    (128256, 4096, 64, False): CudaConfig(4, 4, 1),
+    (128256, 4096, 64, True): CudaConfig(8, 4, 1),
+    (10240, 5120, 8, False): CudaConfig(1, 4, 1),
+    (10240, 5120, 8, True): CudaConfig(1, 4, 1),
+    (10240, 5120, 16, False): CudaConfig(2, 4, 1),
+    (10240, 5120, 16, True): CudaConfig(2, 4, 1),
+    (10240, 5120, 32, False): CudaConfig(2, 4, 1),
+    (10240, 5120, 32, True): CudaConfig(4, 4, 1),
+    (10240, 5120, 64, False): CudaConfig(4, 8, 1),
+    (10240, 5120, 64, True): CudaConfig(4, 4, 1),
+    (5120, 8192, 8, False): CudaConfig(1, 8, 1),
+    (5120, 8192, 8, True): CudaConfig(1, 8, 1),
+    (5120, 8192, 16, False): CudaConfig(2, 8, 1),
+    (5120, 8192, 16, True): CudaConfig(2, 8, 1),
+    (5120, 8192, 32, False): CudaConfig(2, 4, 1),
+    (5120, 8192, 32, True): CudaConfig(2, 4, 1),
+    (5120, 8192, 64, False): CudaConfig(4, 8, 1),
+    (5120, 8192, 64, True): CudaConfig(4, 4, 1),
+    (51200, 5120, 8, False): CudaConfig(1, 4, 1),
+    (51200, 5120, 8, True): CudaConfig(1, 8, 1),
+    (51200, 5120, 16, False): CudaConfig(2, 4, 1),
+    (51200, 5120, 16, True): CudaConfig(2, 4, 1),
+    (51200, 5120, 32, False): CudaConfig(4, 4, 1),
+    (51200, 5120, 32, True): CudaConfig(4, 4, 1),
+    (51200, 5120, 64, False): CudaConfig(4, 4, 1),
+    (51200, 5120, 64, True): CudaConfig(4, 4, 1),
+    (5120, 25600, 8, False): CudaConfig(1, 8, 1),
+    (5120, 25600, 8, True): CudaConfig(1, 8, 1),
+    (5120, 25600, 16, False): CudaConfig(2, 8, 1),
+    (5120, 25600, 16, True): CudaConfig(2, 8, 1),
+    (5120, 25600, 32, False): CudaConfig(2, 4, 1),
+    (5120, 25600, 32, True): CudaConfig(2, 8, 1),
+    (5120, 25600, 64, False): CudaConfig(4, 8, 1),
+    (5120, 25600, 64, True): CudaConfig(4, 4, 1),
+    (151936, 5120, 8, False): CudaConfig(1, 4, 1),
+    (151936, 5120, 8, True): CudaConfig(1, 4, 1),
+    (151936, 5120, 16, False): CudaConfig(2, 4, 1),
+    (151936, 5120, 16, True): CudaConfig(2, 4, 1),
+    (151936, 5120, 32, False): CudaConfig(4, 4, 1),
+    (151936, 5120, 32, True): CudaConfig(4, 4, 1),
+    (151936, 5120, 64, False): CudaConfig(8, 4, 1),
+    (151936, 5120, 64, True): CudaConfig(8, 4, 1),
+}
 
 
 def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     nt = _nt_for(m)
     hit = TABLE.get((n, k, 8 * nt, view))
-    return hit if hit is not None else CudaConfig(nt, 8, 2)
+    if hit is not None:
+        return hit
+    # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs
+    ctas = (n + 127) // 128 * 8
+    return CudaConfig(nt, 4 if ctas >= 1500 else 8, 1)
 
 
 def library():

@@ -176,6 +176,23 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     e_lo = esc_off[nb * KB];
     e_hi = esc_off[(nb + 1) * KB];
   }
+  // Escape entries c0 .. c0 + THREADS − 1 of this record row -> shared memory (row within the CTA's 16,
+  // global column, w − w_code with w_code = 2^(E_n − 142)); entries of other rows get row −1.
+  auto stage_escapes = [&](int c0) {
+    int i = c0 + tid;
+    s_row[tid] = -1;
+    if (i < e_hi) {
+      int p = esc[2 * i], rr = p >> 6, rl = rr - r0;
+      if (rl >= 0 && rl < 16) {
+        float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)esc[2 * i + 1]));
+        int er = expo[nb * 128 + rr];
+        s_row[tid] = rl;
+        s_col[tid] = esc_col[i];
+        s_d[tid] = w - __int_as_float((er - 15) << 23);
+      }
+    }
+  };
+  if (!VIEW && e_hi > e_lo) stage_escapes(e_lo);  // overlaps the main loop's first loads
 
   const uint8_t* base = rec + (size_t)nb * KB * REC;
   const int v0 = (r0 + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
@@ -227,18 +244,9 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   }
   if (!VIEW && e_hi > e_lo) {
     for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
-      __syncthreads();
-      int i = c0 + tid;
-      s_row[tid] = -1;
-      if (i < e_hi) {
-        int p = esc[2 * i], rr = p >> 6, rl = rr - r0;
-        if (rl >= 0 && rl < 16) {
-          float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)esc[2 * i + 1]));
-          int er = expo[nb * 128 + rr];
-          s_row[tid] = rl;
-          s_col[tid] = esc_col[i];
-          s_d[tid] = w - __int_as_float((er - 15) << 23);  // w − w_code, w_code = 2^(E_n − 142)
-        }
+      if (c0 != e_lo) {  // more escapes than threads: stage the next chunk (the first was staged up front)
+        __syncthreads();
+        stage_escapes(c0);
       }
       __syncthreads();
       int cnt = min(THREADS, e_hi - c0);
