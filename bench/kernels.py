@@ -38,6 +38,7 @@ from w12.kernels import ops  # noqa: F401  (registers torch.ops.w12.*)
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
           (10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600), (151936, 5120)]
 MS = [1, 2, 4, 8, 16, 32, 48, 64, 128]
+HF_SHAPES = [(1024, 4096), (14336, 4096)]  # Llama-3.1-8B k/v and gate/up as Transformers runs them
 TN, TK, WIN = 128, 64, 16
 
 
@@ -276,7 +277,8 @@ def main():
     print(f"CUDA skinny kernel available: {cuda_ok}")
     if cuda_ok:
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
-        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 4), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 4), gc.CudaConfig(1, 4, 1)):
+        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 4), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 4),
+                    gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -311,8 +313,11 @@ def main():
                 err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
             if args.cuda_sweep and cuda_ok and m <= gc.MAX_M:
                 for cfg in cuda_candidates(m):
-                    e1, e2 = rel(mt.run(x, cuda=cfg), ref), rel(mt.run(x, view=True, cuda=cfg), refq)
+                    y1 = mt.run(x, cuda=cfg)
+                    e1, e2 = rel(y1, ref), rel(mt.run(x, view=True, cuda=cfg), refq)
                     assert e1 < 1e-2 and e2 < 1e-2, f"cuda {cfg} M={m} {n}x{k}: rel err {e1:.2e} {e2:.2e}"
+                    if cfg.split > 1:
+                        assert all(torch.equal(mt.run(x, cuda=cfg), y1) for _ in range(3)), f"split-K not deterministic {cfg}"
         del wf, wq, wd
         checks[(n, k)] = err
         mats[(n, k)] = mt
@@ -369,7 +374,16 @@ def main():
 
     if args.cuda_sweep and cuda_ok:
         best = {}
-        for (n, k), mt in mats.items():
+        sweep_mats = dict(mats)
+        for si, (n, k) in enumerate(HF_SHAPES):  # Transformers' separate k/v and gate/up projections
+            if (n, k) not in sweep_mats:
+                mt = Mat(n, k, 300 + si)
+                x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
+                ref = x.float() @ mt.w.float().t()
+                for cfg in cuda_candidates(16) + cuda_candidates(1):
+                    assert rel(mt.run(x, cuda=cfg), ref) < 1e-2, f"cuda {cfg} {n}x{k}"
+                sweep_mats[(n, k)] = mt
+        for (n, k), mt in sweep_mats.items():
             for m in (1, 16, 32, 64):
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 for view in (False, True):
@@ -379,12 +393,12 @@ def main():
                     if key not in best or m == 8 * gc._nt_for(m):
                         best[key] = res[0][1]
                     print(f"cuda sweep {n}x{k} M={m} view={view}: " + ", ".join(
-                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll}]" for t, c in res[:5]))
+                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.split}]" for t, c in res[:5]))
         gc.TABLE.update(best)
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -434,8 +448,8 @@ def main():
 
 def cuda_candidates(m):
     nts = {gc._nt_for(m)} | ({gc._nt_for(m) // 2} if m > 8 else set())
-    wu = [(4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4)]
-    return [gc.CudaConfig(nt, w, u) for nt in sorted(nts) for (w, u) in wu]
+    wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 2, 1)]
+    return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
 
 
 def geo(v):

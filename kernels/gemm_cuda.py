@@ -9,6 +9,7 @@ kernel covers Hopper, M ≤ MAX_M, K a multiple of 64 and 16-byte-aligned X rows
 the Triton kernel.  Deterministic: warp partials are added in a fixed order, no atomics.
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ class CudaConfig:
     nt: int  # X rows per CTA / 8: 1, 2, 4 or 8
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
     unroll: int  # records per pipeline stage per warp, 1, 2 or 4 (two stages in flight)
+    split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
 
 
 def _nt_for(m: int) -> int:
@@ -118,14 +120,31 @@ TABLE: dict = {
 }
 
 
+def _load_override():
+    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) replaces entries."""
+    path = os.environ.get("W12_CUDA_TABLE")
+    if path:
+        scope = {"CudaConfig": CudaConfig}
+        exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
+        TABLE.update(scope["TABLE"])
+
+
+_load_override()
+
+
 def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     nt = _nt_for(m)
     hit = TABLE.get((n, k, 8 * nt, view))
     if hit is not None:
         return hit
-    # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs
-    ctas = (n + 127) // 128 * 8
-    return CudaConfig(nt, 4 if ctas >= 1500 else 8, 1)
+    # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs;
+    # split K until there are ≥ 2 CTAs per SM (132 SMs), each warp keeping ≥ 2 records
+    ctas = (n + 127) // 128 * 8 * ((m + 8 * nt - 1) // (8 * nt))
+    warps = 4 if ctas >= 1500 else 8
+    split, kb = 1, k // 64
+    while split < 4 and ctas * split < 264 and kb // (2 * split) >= 2 * warps:
+        split *= 2
+    return CudaConfig(nt, warps, 1, split)
 
 
 def library():
@@ -153,13 +172,33 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         escapes = torch.zeros(1, 2, dtype=torch.int16, device=x.device)
     cfg = config or pick_config(m, n, k, view)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+    if cfg.split > 1:
+        ws = torch.empty(tiles * cfg.split * 16 * 8 * cfg.nt, dtype=torch.float32, device=x.device)
+        tk = _tickets(x.device, tiles)
+    else:
+        ws = tk = y
     stream = torch.cuda.current_stream(x.device).cuda_stream
     err = library().w12_gemv(
         _p(x), m, x.stride(0), _p(records), _p(exponents), _p(escapes), _p(esc_offsets), _p(esc_cols),
-        _p(y), y.stride(0), n, nb, kb, int(view), cfg.nt, cfg.warps, cfg.unroll, _vp(stream))
+        _p(y), y.stride(0), n, nb, kb, int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk),
+        _vp(stream))
     if err != 0:
         raise RuntimeError(f"w12_gemv launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y
+
+
+_TICKETS: dict = {}
+
+
+def _tickets(device, n: int) -> torch.Tensor:
+    """Per-device int32 zeros, one per output tile; split-K kernels leave them at zero. Allocated on first
+    use (do that outside CUDA-graph capture: call once eagerly); concurrent streams must not share them."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+        _TICKETS[device] = t
+    return t
 
 
 def _p(t: torch.Tensor):

@@ -158,7 +158,8 @@ template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int16_t* __restrict__ esc, const int32_t* __restrict__ esc_off,
-    const int32_t* __restrict__ esc_col, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB) {
+    const int32_t* __restrict__ esc_col, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB,
+    float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per CTA
   constexpr int THREADS = WARPS * 32;
   __shared__ float red[WARPS][16][MT];
@@ -169,6 +170,9 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int g = lane >> 2, t = lane & 3;
   const int nb = blockIdx.x >> 3, r0 = (blockIdx.x & 7) * 16;
   const int m0 = blockIdx.y * MT;
+  // split-K: CTA z of gridDim.z takes records [kb_begin, kb_end)
+  const int kps = (KB + gridDim.z - 1) / gridDim.z;
+  const int kb_begin = blockIdx.z * kps, kb_end = min(KB, kb_begin + kps);
 
   // Escapes of this record row, fetched before the main loop (used only in the epilogue).
   int e_lo = 0, e_hi = 0;
@@ -216,12 +220,12 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   // group B is decoded, and the other way round.
   Group<NT, VIEW, U> ga, gb;
   constexpr int STEP = WARPS * U;
-  ga.load(base, warp, KB, WARPS, v0, v1, n0, n1, xr, xok);
-  for (int kb0 = warp; kb0 < KB; kb0 += 2 * STEP) {
-    gb.load(base, kb0 + STEP, KB, WARPS, v0, v1, n0, n1, xr, xok);
-    ga.compute(acc, kb0, KB, WARPS, nsh, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, KB, WARPS, v0, v1, n0, n1, xr, xok);
-    gb.compute(acc, kb0 + STEP, KB, WARPS, nsh, xr, xok);
+  ga.load(base, kb_begin + warp, kb_end, WARPS, v0, v1, n0, n1, xr, xok);
+  for (int kb0 = kb_begin + warp; kb0 < kb_end; kb0 += 2 * STEP) {
+    gb.load(base, kb0 + STEP, kb_end, WARPS, v0, v1, n0, n1, xr, xok);
+    ga.compute(acc, kb0, kb_end, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, kb_end, WARPS, v0, v1, n0, n1, xr, xok);
+    gb.compute(acc, kb0 + STEP, kb_end, WARPS, nsh, xr, xok);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), escapes, bf16 store
@@ -239,8 +243,33 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    red[0][r][m] = sum;
+  }
+  if (gridDim.z > 1) {
+    // Split-K: publish this CTA's partial, take a ticket; the last CTA of the tile adds the partials in
+    // the fixed order z = 0, 1, ... and finishes (same bits whatever the arrival order), then resets
+    // the ticket to 0 for the next launch.
+    __shared__ int s_last;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    float* part = ws + (size_t)tile * gridDim.z * 16 * MT;
+    for (int idx = tid; idx < 16 * mcount; idx += THREADS) part[blockIdx.z * 16 * MT + idx] = red[0][idx & 15][idx >> 4];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(tickets + tile, 1) == (int)gridDim.z - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+      float sum = 0.f;
+      for (int z = 0; z < (int)gridDim.z; ++z) sum += __ldcg(part + z * 16 * MT + idx);
+      red[0][idx & 15][idx >> 4] = sum;
+    }
+    if (tid == 0) tickets[tile] = 0;
+  }
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
     int e = expo[nb * 128 + r0 + r];
-    red[0][r][m] = sum * __int_as_float(e << 23);
+    red[0][r][m] *= __int_as_float(e << 23);  // 2^(E_n − 127), exact
   }
   if (!VIEW && e_hi > e_lo) {
     for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
@@ -249,14 +278,18 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
         stage_escapes(c0);
       }
       __syncthreads();
+      // one warp per (row, X row): lane l adds entries l, l + 32, ... of its row in order, then a fixed
+      // butterfly adds the 32 lane sums (deterministic)
       int cnt = min(THREADS, e_hi - c0);
-      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-        int r = idx & 15, m = idx >> 4;
-        float out = red[0][r][m];
+      for (int pr = warp; pr < 16 * mcount; pr += WARPS) {
+        int r = pr & 15, m = pr >> 4;
         const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
-        for (int jj = 0; jj < cnt; ++jj)
-          if (s_row[jj] == r) out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
-        red[0][r][m] = out;
+        float part = 0.f;
+        for (int jj = lane; jj < cnt; jj += 32)
+          if (s_row[jj] == r) part = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], part);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        if (lane == 0) red[0][r][m] += part;
       }
     }
   }
@@ -267,24 +300,26 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   }
 }
 
+struct Args {
+  const void *x, *rec, *expo, *esc, *esc_off, *esc_col;
+  void *y, *ws, *tickets;
+  int M, ldx, ldy, N, NB, KB, split;
+};
+
 template <int NT, bool VIEW, int WARPS, int U>
-cudaError_t launch_t(const void* x, int M, int ldx, const void* rec, const void* expo, const void* esc,
-                     const void* esc_off, const void* esc_col, void* y, int ldy, int N, int NB, int KB,
-                     cudaStream_t stream) {
-  dim3 grid(NB * 8, (M + 8 * NT - 1) / (8 * NT));
+cudaError_t launch_t(const Args& a, cudaStream_t stream) {
+  dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
-      (const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo, (const int16_t*)esc,
-      (const int32_t*)esc_off, (const int32_t*)esc_col, (__nv_bfloat16*)y, ldy, N, KB);
+      (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo,
+      (const int16_t*)a.esc, (const int32_t*)a.esc_off, (const int32_t*)a.esc_col, (__nv_bfloat16*)a.y, a.ldy,
+      a.N, a.KB, (float*)a.ws, (int*)a.tickets);
   return cudaGetLastError();
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, const void* x, int M, int ldx, const void* rec, const void* expo,
-                      const void* esc, const void* esc_off, const void* esc_col, void* y, int ldy, int N,
-                      int NB, int KB, cudaStream_t st) {
-#define W12_CASE(W, UU)                                                                                  \
-  if (warps == W && unroll == UU)                                                                        \
-    return launch_t<NT, VIEW, W, UU>(x, M, ldx, rec, expo, esc, esc_off, esc_col, y, ldy, N, NB, KB, st);
+cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
+#define W12_CASE(W, UU) \
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
   W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(4, 4) W12_CASE(8, 1) W12_CASE(8, 2) W12_CASE(8, 4)
 #undef W12_CASE
   return cudaErrorInvalidValue;
@@ -293,18 +328,18 @@ cudaError_t launch_wu(int warps, int unroll, const void* x, int M, int ldx, cons
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per CTA / 8 (1, 2, 4, 8); warps: 4 or 8;
-// unroll: records per pipeline stage per warp (1, 2, 4; two stages in flight).
+// unroll: records per pipeline stage per warp (1, 2, 4; two stages in flight); split: CTAs along K
+// (split > 1 needs ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros
+// [NB·8 · ceil(M / 8nt)], which the kernel leaves at zero).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* esc,
                         const void* esc_off, const void* esc_col, void* y, int ldy, int N, int NB, int KB,
-                        int view, int nt, int warps, int unroll, void* stream) {
+                        int view, int nt, int warps, int unroll, int split, void* ws, void* tickets,
+                        void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
-#define W12_NT(NTV)                                                                                       \
-  if (nt == NTV)                                                                                          \
-    return view ? launch_wu<NTV, true>(warps, unroll, x, M, ldx, rec, expo, esc, esc_off, esc_col, y, ldy, \
-                                       N, NB, KB, st)                                                     \
-                : launch_wu<NTV, false>(warps, unroll, x, M, ldx, rec, expo, esc, esc_off, esc_col, y,     \
-                                        ldy, N, NB, KB, st);
+  Args a{x, rec, expo, esc, esc_off, esc_col, y, ws, tickets, M, ldx, ldy, N, NB, KB, split};
+#define W12_NT(NTV) \
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
