@@ -76,7 +76,21 @@ from w12.kernels import gdn_path_triton as gk  # noqa: E402
 from w12.specdec import gdn_tree as gt  # noqa: E402
 
 # the pure-PyTorch reference even where fla / causal_conv1d would be dispatched to
-gt.torch_recurrent_gated_delta_rule = inspect.unwrap(hf.torch_recurrent_gated_delta_rule)
+_RULE = inspect.unwrap(hf.torch_recurrent_gated_delta_rule)
+
+
+def rule_equal_heads(query, key, value, **kw):
+    """Transformers' rule, held to equal q/k/v head counts. Up to Transformers 5.18 (the H200 image has 5.17)
+    the rule does not group heads -- Qwen3NextGatedDeltaNet.forward repeat_interleaves q/k to the value heads
+    before calling it -- so the references must expand them (gdn_tree.expand_key_heads). Holding every
+    version to that makes --tiny (grouped heads) catch a reference that does not, on any Transformers."""
+    if not query.shape[2] == key.shape[2] == value.shape[2]:
+        raise RuntimeError(f"reference rule called with {key.shape[2]} key heads and {value.shape[2]} value "
+                           f"heads: expand q/k to the value heads first (repeat_interleave)")
+    return _RULE(query, key, value, **kw)
+
+
+gt.torch_recurrent_gated_delta_rule = rule_equal_heads
 gt.causal_conv1d_update = inspect.unwrap(hf.causal_conv1d_update)
 
 
@@ -88,7 +102,8 @@ def log(*a):
 
 def gdn_dims(tiny: bool) -> dict:
     if tiny:
-        return dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=16,
+        # grouped heads as in Qwen3-Next (HV = 2·HK), HK > 1 so h // G and a tile (h % HK) differ
+        return dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                     linear_value_head_dim=16, linear_conv_kernel_dim=4)
     c = Qwen3NextConfig()
     keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
@@ -174,6 +189,23 @@ def check(layers, parents, dtype_name):
         tol = TOL_TF32 if "tf32" in name else TOL[dtype_name]
         rows.append((name, e_p, e_s, m, max(e_p, e_s) / m, max(e_p, e_s) / m <= tol))
     return rows
+
+
+def module_anchor(gdn, T, seed):
+    """The PyTorch reference vs Transformers itself: (max abs error, max |ref|) of the layer output from
+    `verify_gdn_paths` on a chain of T tokens from the zero state (+ gated norm, out_proj) vs
+    `Qwen3NextGatedDeltaNet.forward` without a cache (zero conv history and state, Transformers' own head
+    grouping and chunked rule)."""
+    p = gdn.dt_bias
+    g = torch.Generator(device=p.device).manual_seed(seed)
+    h = torch.randn(1, T, gdn.hidden_size, device=p.device, generator=g).to(p.dtype)
+    ref = gdn(h)
+    inp, z = gt.gdn_project(gdn, h)
+    conv0 = torch.zeros(1, gdn.conv_dim, gdn.conv_kernel_size, device=p.device, dtype=p.dtype)
+    rec0 = torch.zeros(1, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim, device=p.device)
+    core, _ = gt.verify_gdn_paths(gdn, inp, [list(range(T))], conv0, rec0)
+    out = gt.gdn_output(gdn, core, z)
+    return (out.float() - ref.float()).abs().max().item(), ref.float().abs().max().item()
 
 
 # --- 2./3. timing and memory ---------------------------------------------------------------------------
@@ -338,6 +370,26 @@ def main() -> int:
             traceback.print_exc()
             failed.append(f"check {dname}: {type(e).__name__}: {e}")
             md.append(f"| {dname}, {nl} | ERROR | {type(e).__name__}: {e} | | | | NO |")
+    anchor = []
+    for dname, nl, lay in checks:
+        if dname != "float32":
+            continue
+        try:
+            with torch.no_grad():
+                e, m = max((module_anchor(gdn, N, ARGS.seed + 2000 + j) for j, (gdn, *_) in enumerate(lay)),
+                           key=lambda em: em[0] / em[1])
+            ok = e / m <= TOL["float32"]
+            anchor.append(f"Reference vs Transformers ({dname}, {nl} layers): `verify_gdn_paths` on a chain of {N} "
+                          f"tokens from the zero state, through the gated norm and out_proj, vs "
+                          f"`Qwen3NextGatedDeltaNet.forward` (no cache): max abs err {e:.3g}, max abs ref {m:.3g}, "
+                          f"rel {e / m:.3g} -- {'ok' if ok else 'NO'}.")
+            if not ok:
+                failed.append(f"reference vs Qwen3NextGatedDeltaNet.forward: rel error {e / m:.3g}")
+        except Exception as e:  # noqa: BLE001 -- report, keep going
+            traceback.print_exc()
+            failed.append(f"reference vs Qwen3NextGatedDeltaNet.forward: {type(e).__name__}: {e}")
+            anchor.append(f"Reference vs Transformers: ERROR {type(e).__name__}: {e}")
+    md += ["", *anchor] if anchor else []
     checks = lay = None
     log("\n".join(md))
 
@@ -371,7 +423,8 @@ def main() -> int:
         if ms is None:
             md.append(f"| {name} | ERROR | | | | |")
             continue
-        speed = f"{base / ms:.1f}×" if base else ""
+        speed = (f"{base / ms:.3g}×" if base / ms < 1000 else f"{base / ms:.0f}×") if base else \
+            "n/a (torch path recompute failed)"
         measured = "n/a" if peak is None else f"{peak / MiB:.2f}"
         md.append(f"| {name} | {ms:.3f} | {speed} | {comp / MiB:.2f} | {rule} | {measured} |")
     md += ["", "Timing: " + ("triton.testing.do_bench (launches queued, L2 flushed before each run, median); "

@@ -1,7 +1,8 @@
 """Gated DeltaNet (GDN) tree verification on the GPU: every node's core output, no per-node state stored.
 
 Maths (Transformers' `torch_recurrent_gated_delta_rule` with `use_qk_l2norm_in_kernel=True`, which
-specdec/gdn_tree.py `gdn_step` calls one token at a time). Per value head h (key head h // G, G = HV / HK),
+specdec/gdn_tree.py `gdn_step` calls one token at a time). Per value head h (key head h // G, G = HV / HK:
+Transformers' `repeat_interleave(G)` of the key heads, not a tile),
 state S [dk, dv] (fp32), one token t with post-conv q_t, k_t [dk], v_t [dv], log decay g_t ≤ 0, beta_t:
 
     q_t ← q_t · rsqrt(Σ q_t² + 1e-6) / sqrt(dk)        k_t ← k_t · rsqrt(Σ k_t² + 1e-6)
@@ -316,6 +317,14 @@ def _wy_launch(q, k, v, g, beta, state, plan, precision="ieee", bv=None, num_war
     return o
 
 
+def expand_key_heads(q: torch.Tensor, k: torch.Tensor, num_v_heads: int):
+    """q, k [N, HK, dk] -> [N, HV, dk] by `repeat_interleave(HV // HK, dim=1)`: value head h reads key head
+    h // G, as Transformers' Qwen3-Next and the kernels do. Transformers' rule groups heads itself only from
+    5.19 on (before, the module expands q/k before calling it), so the references expand them here."""
+    G = num_v_heads // q.shape[1]
+    return (q, k) if G == 1 else (q.repeat_interleave(G, dim=1), k.repeat_interleave(G, dim=1))
+
+
 def tree_outputs_torch(q, k, v, g, beta, state, plan: TreePlan) -> torch.Tensor:
     """Reference / CPU fallback: all root paths walked as one batch with Transformers'
     `torch_recurrent_gated_delta_rule`, one token per step (specdec/gdn_tree.py `verify_gdn_paths` without
@@ -328,6 +337,7 @@ def tree_outputs_torch(q, k, v, g, beta, state, plan: TreePlan) -> torch.Tensor:
     o = torch.empty(N, HV, dv, dtype=torch.float32, device=S0.device)
     done = torch.zeros(N, dtype=torch.bool, device=S0.device)
     f = lambda x: x.float()                       # noqa: E731 -- the rule casts its output to q's dtype
+    q, k = expand_key_heads(q, k, HV)
     for t in range(plan.max_len):
         a = sum(len(p) > t for p in paths)
         nodes = torch.tensor([p[t] for p in paths[:a]], device=S0.device)
@@ -346,6 +356,7 @@ def _chain_torch(q, k, v, g, beta, state):
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule as rule
 
     S0 = state if state.dim() == 4 else state[None]
+    q, k = expand_key_heads(q, k, v.shape[1])
     o, sf = rule(q[None].float(), k[None].float(), v[None].float(), g=g[None], beta=beta[None], initial_state=S0,
                  output_final_state=True, use_qk_l2norm_in_kernel=True)
     return o[0], sf[0]

@@ -361,6 +361,11 @@ def prepare_escapes(counts: torch.Tensor, escapes: torch.Tensor):
     cols = (rec % kb) * TK + escapes[:, 0].to(torch.int64) % TK
     if cols.numel() == 0:
         cols = torch.zeros(1, dtype=torch.int64, device=dev)
+    if dev.type == "cuda":  # the split-K ticket buffers live outside any CUDA-graph pool: make them now
+        from . import gemm_cuda
+
+        _tickets(dev, 1 << 16)
+        gemm_cuda._tickets(dev, 1 << 16)
     return offsets.to(torch.int32), cols.to(torch.int32)
 
 

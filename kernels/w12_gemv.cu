@@ -165,6 +165,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   __shared__ float red[WARPS][16][MT];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
+  __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -278,18 +279,29 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
         stage_escapes(c0);
       }
       __syncthreads();
-      // one warp per (row, X row): lane l adds entries l, l + 32, ... of its row in order, then a fixed
-      // butterfly adds the 32 lane sums (deterministic)
+      // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
+      // per (row, X row) adds its row's entries in ascending order (deterministic, no search)
       int cnt = min(THREADS, e_hi - c0);
-      for (int pr = warp; pr < 16 * mcount; pr += WARPS) {
-        int r = pr & 15, m = pr >> 4;
-        const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
-        float part = 0.f;
-        for (int jj = lane; jj < cnt; jj += 32)
-          if (s_row[jj] == r) part = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], part);
+      {
+        int rr = tid < cnt ? s_row[tid] : -1;
 #pragma unroll
-        for (int o = 16; o; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        if (lane == 0) red[0][r][m] += part;
+        for (int r = 0; r < 16; ++r) {
+          uint32_t b = __ballot_sync(0xffffffffu, rr == r);
+          if (lane == 0) s_mask[r][warp] = b;
+        }
+      }
+      __syncthreads();
+      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+        int r = idx & 15, m = idx >> 4;
+        const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
+        float out = red[0][r][m];
+        for (int c = 0; c < WARPS; ++c) {
+          for (uint32_t b = s_mask[r][c]; b; b &= b - 1) {
+            int jj = 32 * c + __ffs(b) - 1;
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
+          }
+        }
+        red[0][r][m] = out;
       }
     }
   }

@@ -93,9 +93,23 @@ def gdn_project(gdn, h: torch.Tensor):
     return GDNInputs(mixed[0], g[0], beta[0]), z
 
 
+def expand_key_heads(q: torch.Tensor, k: torch.Tensor, num_v_heads: int):
+    """q, k [B, T, HK, dk] -> [B, T, HV, dk]: value head h reads key head h // (HV / HK), i.e.
+    `repeat_interleave(HV // HK, dim=2)`, as Transformers' Qwen3-Next does. Done here, not left to
+    `torch_recurrent_gated_delta_rule`: up to Transformers 5.18 the rule needs equal head counts (the module's
+    forward expands q/k before calling it); from 5.19 it expands them itself (a no-op after this)."""
+    HK = q.shape[2]
+    if num_v_heads == HK:
+        return q, k
+    if num_v_heads % HK:
+        raise ValueError(f"value heads {num_v_heads} must be a multiple of key heads {HK}")
+    return q.repeat_interleave(num_v_heads // HK, dim=2), k.repeat_interleave(num_v_heads // HK, dim=2)
+
+
 def gdn_step(gdn, conv_state: torch.Tensor, rec_state: torch.Tensor, x: torch.Tensor, g: torch.Tensor,
              beta: torch.Tensor):
-    """One token for a batch of B sequences, exactly as `Qwen3NextGatedDeltaNet.forward` decodes one token.
+    """One token for a batch of B sequences, exactly as `Qwen3NextGatedDeltaNet.forward` decodes one token
+    (grouped heads: q/k expanded to the value heads by `expand_key_heads`, as the module does).
 
     conv_state [B, C, K] is updated in place; rec_state [B, HV, dk, dv] is not touched.
     x [B, C] pre-conv, g / beta [B, HV]. Returns (core output [B, HV, dv], new recurrent state)."""
@@ -106,6 +120,7 @@ def gdn_step(gdn, conv_state: torch.Tensor, rec_state: torch.Tensor, x: torch.Te
     q = q.reshape(B, 1, -1, gdn.head_k_dim)
     k = k.reshape(B, 1, -1, gdn.head_k_dim)
     v = v.reshape(B, 1, -1, gdn.head_v_dim)
+    q, k = expand_key_heads(q, k, v.shape[2])
     out, rec = torch_recurrent_gated_delta_rule(q, k, v, g=g[:, None], beta=beta[:, None], initial_state=rec_state,
                                                 output_final_state=True, use_qk_l2norm_in_kernel=True)
     return out[:, 0], rec

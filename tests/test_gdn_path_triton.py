@@ -6,6 +6,8 @@
 * a chain equals the stock sequential computation (outputs and final state);
 * hooked into specdec/gdn_tree.py: same core outputs as `verify_gdn_paths` / `verify_gdn_snapshots` on a
   real (tiny) Qwen3-Next GDN module, and speculative generation with it is lossless;
+* grouped heads (2 key heads, 4 value heads): the references the bench calls equal Qwen3NextGatedDeltaNet
+  itself, and the kernels equal them, also with a rule that does not group heads (Transformers < 5.19);
 * bad trees and inputs raise.
 """
 
@@ -15,8 +17,10 @@ from transformers import Qwen3NextConfig
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
 from w12.kernels import gdn_path_triton as gk
-from w12.specdec.gdn_tree import (GDN, GDNInputs, hybrid_speculative_generate, root_paths, tree_forward,
-                                  verify_gdn_paths, verify_gdn_paths_triton, verify_gdn_snapshots)
+from w12.specdec import gdn_tree
+from w12.specdec.gdn_tree import (GDN, GDNInputs, gdn_output, gdn_project, hybrid_speculative_generate, root_paths,
+                                  tree_conv, tree_forward, verify_gdn_paths, verify_gdn_paths_triton,
+                                  verify_gdn_snapshots)
 from w12.specdec.trees import Tree, make_builder
 
 torch.set_num_threads(1)
@@ -41,6 +45,7 @@ def random_inputs(n, hk=1, hv=2, dk=16, dv=16, seed=0, dtype=torch.float32):
 
 def snapshot_outputs(q, k, v, g, beta, state, parents):
     """Per-node snapshot reference: each node stepped (HF's recurrence, one token) from its parent's state."""
+    q, k = gk.expand_key_heads(q, k, v.shape[1])
     states, outs = [], []
     for i, p in enumerate(parents):
         one = lambda x: x[i][None, None].float()  # noqa: E731
@@ -82,6 +87,7 @@ def test_chain_equals_stock_sequential_recurrence():
     n = 12
     x = random_inputs(n, hk=2, hv=4, dk=16, dv=16, seed=7)
     q, k, v, g, beta, S0 = x.values()
+    q, k = q.repeat_interleave(2, dim=1), k.repeat_interleave(2, dim=1)     # value head h: key head h // 2
     out, final = hf.torch_recurrent_gated_delta_rule(q[None], k[None], v[None], g=g[None], beta=beta[None],
                                                      initial_state=S0[None], output_final_state=True,
                                                      use_qk_l2norm_in_kernel=True)
@@ -162,6 +168,61 @@ class _Noisy:
         from w12.specdec.lattice import Lattice
 
         return Lattice.from_logits(torch.randn(6, 160, generator=torch.Generator().manual_seed(len(ids))), 4)
+
+
+# --- grouped heads (Qwen3-Next: 16 key heads, 32 value heads) ----------------------------------------
+
+_RULE = hf.torch_recurrent_gated_delta_rule
+
+
+def _rule_without_grouping(query, key, value, **kw):
+    """Transformers' rule as up to 5.18 (the H200 image had 5.17): equal head counts only -- there
+    Qwen3NextGatedDeltaNet.forward repeat_interleaves q/k to the value heads before calling it."""
+    assert query.shape[2] == key.shape[2] == value.shape[2], "rule called with ungrouped q/k heads"
+    return _RULE(query, key, value, **kw)
+
+
+def test_grouped_heads_match_transformers(monkeypatch):
+    """2 key heads, 4 value heads: value head h reads key head h // 2 (repeat_interleave, not a tile).
+    The references the bench calls (`verify_gdn_paths`, `verify_gdn_snapshots`; `tree_outputs` "torch")
+    reproduce Qwen3NextGatedDeltaNet.forward, and the kernels (the bench's `tree_conv` + `tree_outputs`)
+    equal them on a tree -- with a rule that does not group heads itself."""
+    torch.manual_seed(0)
+    gdn = hf.Qwen3NextGatedDeltaNet(tiny_config(linear_num_key_heads=2, linear_num_value_heads=4), 0).eval()
+    HV, dk, dv = gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+    T, g = 8, torch.Generator().manual_seed(2)
+    h = torch.randn(1, T, gdn.hidden_size, generator=g)
+    with torch.no_grad():
+        module = gdn(h)                   # Transformers itself: its own grouping and rule, zero state
+    monkeypatch.setattr(gdn_tree, "torch_recurrent_gated_delta_rule", _rule_without_grouping)
+    monkeypatch.setattr(hf, "torch_recurrent_gated_delta_rule", _rule_without_grouping)
+    chain = [list(range(T))]
+    zeros = torch.zeros(1, gdn.conv_dim, gdn.conv_kernel_size), torch.zeros(1, HV, dk, dv)
+    with torch.no_grad():
+        inp, z = gdn_project(gdn, h)
+        core, _ = verify_gdn_paths(gdn, inp, chain, *zeros)
+        torch.testing.assert_close(gdn_output(gdn, core, z), module, rtol=1e-5, atol=1e-6)
+        with monkeypatch.context() as m:  # the test tells the mappings apart: a tile is not Transformers'
+            m.setattr(gdn_tree, "expand_key_heads", lambda q, k, hv: (q.repeat(1, 1, hv // q.shape[2], 1),
+                                                                      k.repeat(1, 1, hv // k.shape[2], 1)))
+            tiled, _ = verify_gdn_paths(gdn, inp, chain, *zeros)
+            assert not torch.allclose(gdn_output(gdn, tiled, z), module, rtol=1e-3, atol=1e-4)
+
+        n = 20
+        parents = random_parents(n, 4)
+        inp = GDNInputs(torch.randn(n, gdn.conv_dim, generator=g), -torch.rand(n, HV, generator=g),
+                        torch.rand(n, HV, generator=g))
+        conv0 = torch.randn(1, gdn.conv_dim, gdn.conv_kernel_size, generator=g)
+        rec0 = torch.randn(1, HV, dk, dv, generator=g) * 0.3
+        ref, _ = verify_gdn_paths(gdn, inp, gk.root_paths(parents), conv0, rec0)
+        snap, _ = verify_gdn_snapshots(gdn, inp, parents, conv0, rec0)
+        assert torch.equal(ref, snap)
+        plan = gk.plan_tree(parents)
+        q, k, v, _ = tree_conv(gdn, inp, plan, conv0)
+        assert q.shape[1] == 2 and v.shape[1] == 4
+        for method in ("torch", "path", "node", "wy"):
+            o = gk.tree_outputs(q, k, v, inp.g, inp.beta, rec0, plan, method=method)
+            torch.testing.assert_close(o, ref, **TOL)
 
 
 # --- errors ------------------------------------------------------------------------------------------

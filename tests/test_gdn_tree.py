@@ -161,6 +161,8 @@ def _stock_chain_state(gdn, inp, rows, conv0, rec0):
                                         gdn.conv1d.bias, gdn.activation).transpose(1, 2)
         q, k, v = torch.split(mixed, [gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
         q, k = q.reshape(1, 1, -1, gdn.head_k_dim), k.reshape(1, 1, -1, gdn.head_k_dim)
+        G = gdn.num_v_heads // gdn.num_k_heads      # the module groups heads before the rule (Transformers < 5.19)
+        q, k = q.repeat_interleave(G, dim=2), k.repeat_interleave(G, dim=2)
         v = v.reshape(1, 1, -1, gdn.head_v_dim)
         _, rec = hf.torch_recurrent_gated_delta_rule(q, k, v, g=inp.g[r][None, None], beta=inp.beta[r][None, None],
                                                      initial_state=rec, output_final_state=True,
