@@ -281,6 +281,14 @@ class W12HfQuantizer(HfQuantizer):
             for _, m in mods:
                 m.prepare()
             _install_save_wrapper(model)
+        mode = getattr(self.quantization_config, "certified_lm_head", False)
+        if mode:  # the certified INT8 LM head for greedy generate (w12.kernels.lm_head_int8)
+            from w12.kernels.lm_head_int8 import install_certified_lm_head
+
+            try:
+                install_certified_lm_head(model, strict=mode == "strict")
+            except ValueError as e:
+                raise W12LoadError(f"certified_lm_head: {e}") from None
         return model
 
     def _dequantize(self, model, dtype=None):
@@ -424,3 +432,7 @@ def patch_transformers() -> None:
             mapping["w12"] = cls  # the same class from a reloaded module
             continue
         register("w12")(cls)
+    # so that W12Config(certified_lm_head=...) passed to from_pretrained reaches converted checkpoints too
+    loading = getattr(auto, "LOADING_ATTRIBUTES_CONFIG_TYPES", None)
+    if isinstance(loading, tuple) and W12Config not in loading:
+        auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (*loading, W12Config)
