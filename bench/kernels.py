@@ -277,7 +277,7 @@ def main():
     print(f"CUDA skinny kernel available: {cuda_ok}")
     if cuda_ok:
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
-        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 4), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 4),
+        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):

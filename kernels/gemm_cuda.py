@@ -23,7 +23,7 @@ MAX_M = 64
 class CudaConfig:
     nt: int  # X rows per CTA / 8: 1, 2, 4 or 8
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
-    unroll: int  # records per pipeline stage per warp, 1, 2 or 4 (two stages in flight)
+    unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
 
 
