@@ -22,9 +22,13 @@ Stage times, two sources (every table says which):
                  (view vs W12 geomeans at M=32). Draft/append: the paper's.
     sweep        T_q / T_exact from 0.5 to 0.95: where TLV loses (paper §6: batched Q pass at 0.80–0.88).
 
-τ: the paper's 6.16 → 11.67, and ours measured on real text (SmolLM2-135M-Instruct W12, n-gram drafter, exact
-replay, bench/results/tlv-work/replay-N*.json: 1.49 → 2.85 at N = 32), or --tau-single/--tau-tlv pairs.
-A τ measured at one N is applied to the stage times of every N (marked τ@N): only the matching N is consistent.
+τ: the paper's 6.16 → 11.67, and ours measured on real text (SmolLM2-135M-Instruct W12), or --tau-single/--tau-tlv
+pairs. Ours, in order of preference:
+  tau-50.json   (bench/tlv_smollm2.py --suite: 50 prompts, exact replay of single-pass and TLV at N = 16/32/64)
+                one source per drafter named by --tau-drafters (default: ngram), each N's stage times paired with
+                the τ replayed at that same N (marked "τ at matching N");
+  replay-N*.json (session 1: exact replay of 8 prompts at N = 32, 1.49 → 2.85), applied to the stage times of
+                every N (marked τ@N): only the matching N is consistent.
 Every line printed is a projection.
 
     python bench/tlv_projection.py                                    # kernel-table presets
@@ -104,12 +108,37 @@ def replay_taus(work=TLV_WORK) -> dict[int, tuple[float, float, int]]:
     return {n: (tok / s, tok / t, p) for n, (tok, s, t, p) in out.items() if s and t}
 
 
-def measured_rows(costs: dict, taus: list[tuple[str, float, float]]) -> list[dict]:
-    """One projection per τ source × measured budget N. TLV pays the host round trip after Q and after the
-    exact pass; single-pass once."""
+def suite_taus(work=TLV_WORK, drafters=("ngram",)) -> list[tuple[str, dict[int, tuple[float, float]]]]:
+    """[(label, {N: (τ single, τ TLV)})] from bench/tlv_smollm2.py --suite's tau-50.json (exact replay at each N,
+    tokens per exact pass, the prefill's first token not counted); [] when the file is absent."""
+    f = Path(work) / "tau-50.json"
+    if not f.exists():
+        return []
+    doc = json.loads(f.read_text())
+    out = []
+    for d in drafters:
+        t = doc["drafters"].get(d)
+        if t is None:
+            raise ValueError(f"{f}: no drafter {d!r} (has {', '.join(doc['drafters'])})")
+        live = ", ".join(f"N={n}: {v:.2f}" for n, v in t.get("tlv_live", {}).items())
+        out.append((f"SmolLM2-135M W12 real text, {d} drafter, exact replay of {t['prompts']} prompts, τ at matching N "
+                    f"(live TLV {live})", {int(n): (v["single"], v["tlv"]) for n, v in t["replay"].items()}))
+    return out
+
+
+def measured_rows(costs: dict, taus: list[tuple]) -> list[dict]:
+    """One projection per τ source × measured budget N. A source is (label, τ single, τ TLV), applied at every N,
+    or (label, {N: (τ single, τ TLV)}), applied at the N it was measured at only. TLV pays the host round trip
+    after Q and after the exact pass; single-pass once."""
     d, out = costs["draft"], []
-    for label, ts, tt in taus:
+    for label, *tv in taus:
         for n, s in costs["budgets"].items():
+            if len(tv) == 1:                            # per-N τ: only the matching N
+                if n not in tv[0]:
+                    continue
+                ts, tt = tv[0][n]
+            else:
+                ts, tt = tv
             app = s["append"] + s["host"]
             r = project(ts, tt, d, s["q"] + s["host"], s["exact"], app, single_step=d + s["single"] + app)
             r["q_max_ms"] -= s["host"]                 # the bound on the Q pass itself (its host hop is fixed)
@@ -151,11 +180,13 @@ def measured_report(costs: dict, rows: list[dict]) -> list[str]:
     return L
 
 
-def tau_sources(a) -> list[tuple[str, float, float]]:
+def tau_sources(a) -> list[tuple]:
     if a.tau_single or a.tau_tlv:
         return [("given", ts, tt) for ts, tt in zip(a.tau_single or [6.16], a.tau_tlv or [11.67])]
-    ours = [(f"SmolLM2-135M W12 real text, n-gram, exact replay of {p} prompts (τ@N={n})", ts, tt)
-            for n, (ts, tt, p) in replay_taus(a.tau_dir).items()]
+    ours = suite_taus(a.tau_dir, [d for d in a.tau_drafters.split(",") if d])
+    if not ours:                                        # session 1's 8-prompt replay
+        ours = [(f"SmolLM2-135M W12 real text, n-gram, exact replay of {p} prompts (τ@N={n})", ts, tt)
+                for n, (ts, tt, p) in replay_taus(a.tau_dir).items()]
     return [PAPER_TAU] + ours
 
 
@@ -185,7 +216,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--costs", help="JSON of bench/gpu_step_costs.py: use its measured stage times")
     ap.add_argument("--report", help="with --costs: also write the markdown table here")
-    ap.add_argument("--tau-dir", default=str(TLV_WORK), help="where the replay-N*.json τ files are (with --costs)")
+    ap.add_argument("--tau-dir", default=str(TLV_WORK), help="where tau-50.json / the replay-N*.json τ files are "
+                    "(with --costs)")
+    ap.add_argument("--tau-drafters", default="ngram", help="drafters of tau-50.json to project (comma-separated: "
+                    "ngram, trunc24, noisy-block — the last is synthetic)")
     ap.add_argument("--tau-single", type=float, action="append", help="τ of single-pass trees (repeatable)")
     ap.add_argument("--tau-tlv", type=float, action="append", help="tokens per exact pass with TLV (repeatable, paired)")
     ap.add_argument("--draft-ms", type=float)
@@ -206,8 +240,12 @@ def main(argv=None):
               if r["q_max_ms"] > 0 else "[PROJECTION]   TLV loses even with a free Q pass")
     print("\n" + "\n".join(L))
     if a.report:
+        cmd = f"--costs {Path(a.costs).name}" + (f" --tau-drafters {a.tau_drafters}" if a.tau_drafters != "ngram" else "")
+        src = Path(a.tau_dir) / "tau-50.json"
+        src = (f"τ of ours: `{src.relative_to(ROOT) if src.is_relative_to(ROOT) else src}` "
+               f"({json.loads(src.read_text())['source']})" if src.exists() and not (a.tau_single or a.tau_tlv) else "")
         Path(a.report).write_text("# TLV projection with measured stage times\n\nCommand: `python bench/tlv_projection.py "
-                                  f"--costs {Path(a.costs).name}`\n\n" + "\n".join(L) + "\n")
+                                  f"{cmd}`\n\n" + (src + "\n\n" if src else "") + "\n".join(L) + "\n")
     return rows
 
 

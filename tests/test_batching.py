@@ -3,6 +3,7 @@ leaves the batch; the shared node budget builds prefix-closed shares and beats t
 recorded SmolLM2 lattices; the row curve, draft block and admission policies behave."""
 
 from functools import partial
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from w12.specdec.batch_engine import batch_generate
-from w12.specdec.batching import (DraftBlock, FlatAdmission, RowCurve, admit_always, best_first_order,
-                                  equal_split, llama8b_curve, shared_budget)
+from w12.specdec.batching import (CalibratedBudget, DraftBlock, EdgeCalibration, FlatAdmission, RowCurve,
+                                  admit_always, best_first_order, calibrated_order, equal_split, llama8b_curve,
+                                  shared_budget)
 from w12.specdec.drafters import ModelDrafter, NgramDrafter
 from w12.specdec.engine import greedy_generate
 from w12.specdec.lattice import Lattice
@@ -252,3 +254,170 @@ def test_batching_sim_reads_measured_costs(tmp_path):
     text = report.read_text()
     assert "Curve source: **measured (costs.json)**" in text and "bf16 curve (measured)" in text
     assert "| 256* |" in text                                                   # extrapolation is marked
+
+
+# --- calibrated node budget -----------------------------------------------------------------------
+
+def _cal_records():
+    records, _ = load_records(WORK / "trunc-fp32.json.gz")
+    return records
+
+
+@pytest.fixture(scope="module")
+def trunc_records():
+    return _cal_records()
+
+
+@pytest.fixture(scope="module")
+def trunc_cal(trunc_records):
+    """A calibration fitted on the even-index prompts (the tests that score it use odd ones)."""
+    return EdgeCalibration.fit([s for r in trunc_records[0::2] for s in r.steps()])
+
+
+def _rand_lattices(seed, cond=False):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for s in (0.5, 2, 4, 8):
+        markov = torch.randn(5, 4, 64, generator=g) * s if cond else None
+        out.append(Lattice.from_logits(torch.randn(5, 64, generator=g) * s, 4, markov))
+    return out
+
+
+@pytest.mark.parametrize("cond", [False, True])
+@pytest.mark.parametrize("by_rank", [True, False])
+def test_calibrated_shares_are_prefix_closed_prefixes_and_budget_is_exact(trunc_cal, cond, by_rank):
+    cal = trunc_cal if by_rank else EdgeCalibration.fit([s for r in _cal_records()[0::2] for s in r.steps()],
+                                                        by_rank=False)
+    lats = _rand_lattices(11, cond)
+    roots = [1, 2, 3, 4]
+    for split in ["shared", "equal"]:
+        plan = CalibratedBudget(cal, online=False, split=split)
+        for total in [0, 3, 10, 40]:
+            trees = plan(lats, roots, total)
+            assert sum(len(t) - 1 for t in trees) == total
+            if split == "equal":
+                assert [len(t) - 1 for t in trees] == [total // 4 + (r < total % 4) for r in range(4)]
+            for lat, t in zip(lats, trees):
+                t.check()                                       # parents first, one level up: prefix-closed
+                par = t.parents.tolist()
+                sc = t.scores.tolist()
+                assert all(sc[i] < sc[par[i]] for i in range(1, len(t)))   # path scores fall along every path
+                ref = list(islice(calibrated_order(lat, cal), len(t) - 1))  # the share is a prefix of its order
+                assert [p for p, _, _ in ref] == par[1:]
+                assert t.tokens[1:].tolist() == [int(lat.ids[int(t.depths[i + 1]) - 1, r])
+                                                 for i, (_, r, _) in enumerate(ref)]
+    # the calibrated merge takes the globally best calibrated nodes
+    trees = CalibratedBudget(cal, online=False)(lats, roots, 12)
+    kept = min(float(t.scores[1:].min()) for t in trees if len(t) > 1)
+    left = max(list(calibrated_order(l, cal))[len(t) - 1][2] for l, t in zip(lats, trees))
+    assert kept >= left
+
+
+def test_edge_calibration_learns_overconfidence_and_is_monotone(trunc_cal):
+    cal = trunc_cal
+    # the truncated self-drafter is overconfident: p = 0.99 on the chain is accepted far less often
+    assert cal.prob(1, True, 0, 0.99, 0.99) < 0.9
+    # an edge under a node that left the drafter's chain is worth less than the same p on the chain
+    assert cal.prob(2, False, 0, 0.99, 0.99) < cal.prob(2, True, 0, 0.99, 0.99)
+    for d, ch in [(1, True), (2, True), (2, False), (3, False)]:
+        qs = [cal.prob(d, ch, 0, p, p) for p in [1e-4, 1e-3, 0.01, 0.05, 0.2, 0.5, 0.8, 0.95, 1.0]]
+        assert all(a <= b + 1e-12 for a, b in zip(qs, qs[1:])) and all(0 < q < 1 for q in qs)
+    # an empty calibration is the drafter's own probability (up to the ceiling)
+    empty = EdgeCalibration()
+    for p in [0.001, 0.02, 0.3, 0.7, 0.95]:
+        assert empty.prob(1, True, 0, p, p) == pytest.approx(p, rel=1e-9)
+        assert empty.prob(2, False, 3, p / 4, p) == pytest.approx(p / 4, rel=1e-9)
+    lats = _rand_lattices(5)
+    raw, unfit = shared_budget(lats, [1, 2, 3, 4], 12), CalibratedBudget()(lats, [1, 2, 3, 4], 12)
+    assert [t.tokens.tolist() for t in raw] == [t.tokens.tolist() for t in unfit]   # empty = the raw policy here
+    # edges(): nothing past the committed tokens is read
+    rec = _cal_records()[1]
+    lat, cont = rec.lattices[5], rec.tokens[5:]
+    for tau in [1, 2, 3]:
+        assert all(d <= tau for d, *_ in cal.edges(lat, cont[:tau]))
+
+
+class _Spy(CalibratedBudget):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.log = []
+
+    def __call__(self, lattices, roots, total, max_depths=None, keys=None):
+        trees = super().__call__(lattices, roots, total, max_depths, keys)
+        self.log.append(("plan", [(t.tokens.tolist(), t.parents.tolist()) for t in trees]))
+        return trees
+
+    def update(self, lat, committed, key=None):
+        self.log.append(("update", key, list(committed)))
+        super().update(lat, committed, key)
+
+
+@pytest.mark.parametrize("per_request", [0.0, 8.0])
+def test_online_calibration_never_peeks_at_the_future(trunc_records, per_request):
+    """Closed loop in the simulator with an online calibration: change one request's target continuation
+    from token m on (and the lattices drafted after it). Every plan up to the first verified step that
+    commits an altered token is identical, and that step is the first difference; what update() sees is
+    exactly the tokens each step committed (Σ = the tokens decoded)."""
+    import copy
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    import batching_sim
+
+    curve = RowCurve([1, 64], [1.0, 1.0])
+    recs = trunc_records[:6]
+    alt = [copy.copy(r) for r in recs]
+    m = 12
+    alt[0].tokens = recs[0].tokens[:m] + [(t + 1) % 49152 for t in recs[0].tokens[m:]]
+    alt[0].lattices = recs[0].lattices[:m + 1] + recs[3].lattices[m + 1:]    # drafted after an altered token
+    logs, dec = [], []
+    for rs in (recs, alt):
+        spy = _Spy(per_request=per_request)
+        out = batching_sim.simulate(rs, 3, curve, spy, 4)
+        logs.append(spy.log)
+        dec.append(out["dec_tokens"])
+        assert sum(len(e[2]) for e in spy.log if e[0] == "update") == out["dec_tokens"]   # τ tokens per step
+    first = next(i for i, (a, b) in enumerate(zip(*logs)) if a != b)
+    assert logs[0][first][0] == "update" and logs[0][first][1] == 0       # the altered request's verification
+    assert logs[0][:first] == logs[1][:first]
+    # (and the alteration does change later plans)
+    assert any(a != b for a, b in zip(logs[0][first:], logs[1][first:]) if a[0] == "plan")
+
+
+def test_calibrated_shared_beats_raw_shared_and_equal_on_heldout_smollm2(trunc_records, trunc_cal):
+    """Held-out: calibration fitted on the even prompts, the closed loop run on the odd ones; at 2 nodes
+    per request the calibrated shared budget accepts more than both the raw shared budget and the equal
+    split (see bench/results/2026-11-29-batching-calibrated.md for the full table)."""
+    odd = trunc_records[1::2]
+    for B in [8, 16]:
+        cal = _replay_step_tau(odd, B, 2 * B, lambda l, r, t: CalibratedBudget(trunc_cal, online=False)(l, r, t))
+        shared = _replay_step_tau(odd, B, 2 * B, shared_budget)
+        equal = _replay_step_tau(odd, B, 2 * B, equal_split)
+        assert cal > shared > equal, (B, cal, shared, equal)
+
+
+def test_batched_engine_lossless_with_calibrated_budget(trunc_cal):
+    target, refs = TARGETS["llama"], REFS["llama"]
+    for B, online in [(3, False), (8, True)]:
+        jobs = [(PROMPTS[i], drafter("llama", i, PROMPTS[i], refs[i]), NEW - (3 * i) % 7, (2 * i) % 5) for i in range(B)]
+        plan = partial(CalibratedBudget(copy_cal(trunc_cal), online=online), total=5 * B)
+        gens, _ = batch_generate(target, jobs, plan, DraftBlock(menu=(6, 4, 2), hi=2, lo=0.75), eos_token_id=[])
+        for i, (g, (p, _, n, _)) in enumerate(zip(gens, jobs)):
+            assert g.tokens == refs[i][:n], (B, i)
+
+
+def copy_cal(cal):
+    import copy
+    return copy.deepcopy(cal)
+
+
+def test_batching_sim_only_budget_report(tmp_path):
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    import batching_sim
+
+    report = tmp_path / "cal.md"
+    batching_sim.main(["--only-budget", "--report", str(report), "--recordings", "trunc-fp32", "--limit", "6",
+                       "--cal-batches", "2", "--cal-per-req", "2"])
+    text = report.read_text()
+    assert "reliability" in text and "| 2 | 2 | 4 |" in text and "cal-shared vs equal" in text
+    assert "Predicted speed-up" not in text and "Row-cost curve" not in text

@@ -285,3 +285,35 @@ def test_gpu_step_costs_tiny_run_feeds_both_consumers(tmp_path):
     costs = proj.stage_costs(out)
     assert costs["budgets"][4]["rows"] == 5 and "ASSUMED" in costs["draft_assumption"]
     assert proj.measured_rows(costs, [("t", 1.5, 2.8)])[0]["speedup"] > 0
+
+
+def test_tlv_projection_reads_the_50_prompt_tau_file(tmp_path):
+    """bench/tlv_smollm2.py --suite writes tau-50.json; the projection pairs each N's stage times with the τ
+    replayed at that N, one source per drafter asked for, and skips budgets it has no τ for."""
+    import json
+    proj = _bench("tlv_projection")
+    rp = lambda *v: {n: {"single": v[2 * i], "tlv": v[2 * i + 1]} for i, n in enumerate(("16", "32", "64"))}
+    (tmp_path / "tau-50.json").write_text(json.dumps({"source": "test suite", "drafters": {
+        "ngram": {"prompts": 50, "tlv_live": {"32": 3.1}, "replay": rp(1.5, 2.8, 1.6, 3.0, 1.7, 3.3)},
+        "trunc24": {"prompts": 50, "tlv_live": {"32": 3.5}, "replay": rp(1.7, 3.2, 1.8, 3.4, 1.9, 3.9)}}}))
+    src = proj.suite_taus(tmp_path, ["ngram", "trunc24"])
+    assert [s[1] for s in src] == [{16: (1.5, 2.8), 32: (1.6, 3.0), 64: (1.7, 3.3)},
+                                   {16: (1.7, 3.2), 32: (1.8, 3.4), 64: (1.9, 3.9)}]
+    assert "50 prompts" in src[0][0] and "ngram" in src[0][0] and "matching N" in src[0][0] and "3.10" in src[0][0]
+    costs_path = tmp_path / "costs.json"
+    costs_path.write_text(json.dumps(costs_doc()))                 # stage times at N = 16, 32 only
+    rows = proj.measured_rows(proj.stage_costs(costs_path), src)
+    assert [(r["n"], r["tau_s"], r["tau_t"]) for r in rows] == [(16, 1.5, 2.8), (32, 1.6, 3.0), (16, 1.7, 3.2),
+                                                                (32, 1.8, 3.4)]
+    # a per-N source with no τ at a measured N contributes no row there
+    assert [r["n"] for r in proj.measured_rows(proj.stage_costs(costs_path), [("x", {32: (1.0, 2.0)})])] == [32]
+    report = tmp_path / "proj.md"
+    out = proj.main(["--costs", str(costs_path), "--report", str(report), "--tau-dir", str(tmp_path),
+                     "--tau-drafters", "ngram,trunc24"])
+    assert len(out) == 3 * 2                                   # (paper, ngram, trunc24) × (N = 16, 32)
+    text = report.read_text()
+    assert "test suite" in text and "--tau-drafters ngram,trunc24" in text and "trunc24 drafter" in text
+    assert len(proj.main(["--costs", str(costs_path), "--tau-dir", str(tmp_path)])) == 2 * 2   # default: ngram only
+    with pytest.raises(ValueError, match="no drafter"):
+        proj.suite_taus(tmp_path, ["nope"])
+    assert proj.suite_taus(tmp_path / "absent") == []
