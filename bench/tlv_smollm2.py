@@ -645,7 +645,20 @@ def suite_report(path: Path, budget: int):
           "TLV replay models deeper Q nodes by the depth-1 argmax (specdec/tlv.py), so replay vs live TLV measures that "
           "approximation; single-pass replay is exact when the recorded lattices are the live drafter's (n-gram, "
           "noisy-block; trunc24's recording batches all prefixes, so near-ties can round differently). noisy-block's "
-          "τ is synthetic (it knows the reference).", ""]
+          "τ is synthetic (it knows the reference). Q agreement over every tree ① node is lower than along the greedy "
+          "path (trunc24: deeper, bushier trees) because most tree ① nodes sit after a token the target would not "
+          "have chosen, where its top-2 margins are smaller.", "",
+          "Found while running this (session 1's figures in 2026-11-29-tlv-smollm2.md are affected):", "",
+          "- torch's CPU thread count: formats/fast.py's numba kernels (`parallel=True`, OpenMP threading layer) "
+          "reset the shared OpenMP thread count, so after the first W12 decode `torch.get_num_threads()` is the core "
+          "count again, whatever `torch.set_num_threads(1)` said before. On this shared 2-core machine that made "
+          "every elementwise op spin-wait (a 33-row pass of SmolLM2 took 1.2 s instead of 0.2 s): session 1's stage "
+          "times (1.6 s per pass) were inflated ~5×. This bench re-sets the thread count after the first decode; "
+          "`w12 specdec generate --threads N` on a W12 target has the same problem (not fixed here).",
+          "- the greedy recording specdec-work/ngram-fp32.json.gz is set-major (10 GSM8K, then 10 MATH500, …) while "
+          "session 1 labelled prompt i as set i mod 5: its '8 prompts' and both live prompts were all GSM8K (its "
+          "'humaneval' row is GSM8K #2). The legacy mode now labels by i // 10; this suite builds the prompts itself "
+          "and looks the recording up by token ids.", ""]
     path.write_text("\n".join(L))
     (WORK / "tau-50.json").write_text(json.dumps({
         "source": f"bench/tlv_smollm2.py --suite, {path.name}", "target": meta["target"], "budget_live": budget,
