@@ -82,7 +82,7 @@ def _check_parents(parents: list[int]) -> None:
 
 
 def root_paths(parents: list[int]) -> list[list[int]]:
-    """Every root->leaf path (root first), longest first (ties: leaf order) — as specdec/gdn_tree.py."""
+    """Every root->leaf path (root first), longest first (ties: leaf order); specdec/gdn_tree.py uses it."""
     has_child = set(parents[1:])
     paths = []
     for leaf in (i for i in range(len(parents)) if i not in has_child):

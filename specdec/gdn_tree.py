@@ -46,6 +46,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import (
     torch_recurrent_gated_delta_rule,
 )
 
+from ..kernels.gdn_path_triton import root_paths as _root_paths
 from .engine import Generation, _eos, emit, prefill, tree_inputs
 from .errors import CacheLayoutError
 from .trees import Tree
@@ -58,16 +59,7 @@ GDN, ATTN = "linear_attention", "full_attention"
 
 def root_paths(tree: Tree) -> list[list[int]]:
     """Every root->leaf path (node indices, root first), longest first (ties: leaf order)."""
-    parents = tree.parents.tolist()
-    has_child = set(parents[1:])
-    paths = []
-    for leaf in (i for i in range(len(parents)) if i not in has_child):
-        p, node = [], leaf
-        while node != -1:
-            p.append(node)
-            node = parents[node]
-        paths.append(p[::-1])
-    return sorted(paths, key=len, reverse=True)
+    return _root_paths(tree.parents.tolist())
 
 
 # --- one GDN layer, split into its pieces -------------------------------------------------------
