@@ -15,6 +15,11 @@ GEMM-only curve from the H200 kernel table (llama8b_curve). The report names the
 Usage: python bench/batching_sim.py [--report bench/results/2026-11-29-batching-sim.md]
        python bench/batching_sim.py --costs gpu-step-costs.json --report bench/results/DATE-batching-sim-gpu.md
        (--recordings trunc-fp32 --limit 8 --batches 1,4: a quick partial run)
+       python bench/batching_sim.py --only-budget [--seeds 3] [--cal-p-only]
+       (only the calibrated-budget section, written to bench/results/2026-11-29-batching-calibrated.md:
+       reliability of the drafter's probabilities, then equal / shared / calibrated shared at the same total
+       budget on held-out halves of the prompts; --calibrated adds that section to the full report.
+       Quick: --recordings trunc-fp32 --cal-batches 4,16 --cal-per-req 2,8 --report /tmp/x.md)
 """
 
 from __future__ import annotations
