@@ -36,6 +36,8 @@ Every byte of the outputs is written by the kernels (padding included), so outpu
 with np.empty and handed to torch without a copy.
 """
 
+import functools
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -319,6 +321,22 @@ def _decode_kernel(records, exps, counts, offsets, escapes, n, k, kc, lo_mask, l
 # public API
 
 
+def _keeps_torch_threads(fn):
+    """numba's first parallel call starts its OpenMP layer, which resets the process-wide thread count that
+    torch also uses (a `torch.set_num_threads(1)` made before loading a W12 model would silently become
+    the core count): restore torch's setting after every call."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        n = torch.get_num_threads()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if torch.get_num_threads() != n:
+                torch.set_num_threads(n)
+    return wrapper
+
+
+@_keeps_torch_threads
 def encode(bits: torch.Tensor, exponents: torch.Tensor | None = None):
     """bits: int16 [N, K] BF16 patterns. Returns (records u8 [NB,KB,12288], exponents u8 [N_PAD],
     counts i32 [NB,KB], escapes i16 [nnz,2]), byte-identical to `reference.encode`.
@@ -383,6 +401,7 @@ def _check_decode_inputs(records, exponents, counts, escapes, n: int, k: int):
     return n, k, offsets
 
 
+@_keeps_torch_threads
 def decode(records, exponents, counts, escapes, n: int, k: int, lo_fill: int | None = None):
     """Back to int16 [N, K] BF16 patterns, identical to `reference.decode`. lo_fill=8 gives the 8-bit
     view (SPEC.md §4), whose escapes keep their code value."""

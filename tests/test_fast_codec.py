@@ -221,3 +221,16 @@ def test_decode_exponents_outside_the_valid_range_like_reference():
             reference.decode(records, wild, counts, escapes, 256, 64, lo_fill=fill),
         )
     assert records.shape[-1] == REC_BYTES
+
+
+def test_keeps_torch_thread_count():
+    """numba's OpenMP start-up must not change torch's thread count (it did: 1 -> the core count)."""
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.set_num_threads(1)\n"
+            "from w12.formats import fast\n"
+            "b = (torch.randn(256, 256) * 0.02).to(torch.bfloat16).view(torch.int16)\n"
+            "enc = fast.encode(b); assert torch.get_num_threads() == 1, torch.get_num_threads()\n"
+            "fast.decode(*enc, 256, 256); assert torch.get_num_threads() == 1, torch.get_num_threads()\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
