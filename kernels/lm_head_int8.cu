@@ -90,6 +90,13 @@ __device__ __forceinline__ uint32_t ord16(uint16_t b) {
   if (b == 0x8000u) b = 0;  // −0 ties with +0 (torch compares values)
   return (b & 0x8000u) ? (~b & 0xFFFFu) : (b | 0x8000u);
 }
+
+// x[tok, k .. k+3] (bf16) as fp32, exact; zeros outside [M, K).
+__device__ __forceinline__ float4 load_x4(const uint16_t* __restrict__ x, int tok, long ldx, int k, int M, int K) {
+  if (tok >= M || k >= K) return make_float4(0.f, 0.f, 0.f, 0.f);
+  const uint2 raw = *reinterpret_cast<const uint2*>(x + tok * ldx + k);
+  return make_float4(bf16_to_f(raw.x), bf16_to_f(raw.x >> 16), bf16_to_f(raw.y), bf16_to_f(raw.y >> 16));
+}
 __device__ __forceinline__ uint16_t unord16(uint32_t k) {
   return (k & 0x8000u) ? (uint16_t)(k & 0x7FFFu) : (uint16_t)(~k & 0xFFFFu);
 }
@@ -166,11 +173,7 @@ __global__ void __launch_bounds__(THREADS, MT == 1 ? 3 : 2) int8_bounds_kernel(
     double ss = 0.0;
     for (int f = tid; f < xs_stride; f += THREADS) {
       const int k = 4 * f;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (tok < M && k < K) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(x + tok * ldx + k);
-        v = make_float4(bf16_to_f(raw.x), bf16_to_f(raw.x >> 16), bf16_to_f(raw.y), bf16_to_f(raw.y >> 16));
-      }
+      const float4 v = load_x4(x, tok, ldx, k, M, K);
       ss = __fma_rn((double)v.x, (double)v.x, ss);  // squares of bf16 are exact in fp64
       ss = __fma_rn((double)v.y, (double)v.y, ss);
       ss = __fma_rn((double)v.z, (double)v.z, ss);
@@ -499,11 +502,7 @@ __global__ void __launch_bounds__(THREADS) full_head_kernel(const uint16_t* __re
     const int tok = m0 + m;
     for (int f = tid; f < xs_stride; f += THREADS) {
       const int k = 4 * f;
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (tok < M && k < K) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(x + tok * ldx + k);
-        v = make_float4(bf16_to_f(raw.x), bf16_to_f(raw.x >> 16), bf16_to_f(raw.y), bf16_to_f(raw.y >> 16));
-      }
+      const float4 v = load_x4(x, tok, ldx, k, M, K);
       const int j = k >> 8, w = k & 255;  // w = 8·lane + 4·h + (0..3)
       xs[m * xs_stride + (j * 2 + ((w >> 2) & 1)) * 32 + (w >> 3)] = v;
     }
