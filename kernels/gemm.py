@@ -351,7 +351,12 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> Config:
 # Host side
 # --------------------------------------------------------------------------------------------------
 def prepare_escapes(counts: torch.Tensor, escapes: torch.Tensor):
-    """Load-time helper: (esc_offsets i32 [NB·KB + 1], esc_cols i32 [max(nnz, 1)]) from SPEC.md §6 data."""
+    """Load-time helper: (esc_offsets i32 [NB·KB + 1], esc_cols i32) from SPEC.md §6 data.
+
+    esc_cols = [column in K of each entry (max(nnz, 1)) | pad to even | gemm_cuda.tile_escapes(...)]: the
+    Triton kernel reads the columns, the CUDA kernel its per-tile lists."""
+    from . import gemm_cuda
+
     nb, kb = counts.shape
     dev = counts.device
     c = counts.reshape(-1).to(torch.int64)
@@ -359,14 +364,13 @@ def prepare_escapes(counts: torch.Tensor, escapes: torch.Tensor):
     offsets[1:] = torch.cumsum(c, 0)
     rec = torch.repeat_interleave(torch.arange(nb * kb, device=dev), c)
     cols = (rec % kb) * TK + escapes[:, 0].to(torch.int64) % TK
-    if cols.numel() == 0:
-        cols = torch.zeros(1, dtype=torch.int64, device=dev)
+    width = gemm_cuda._even(max(cols.numel(), 1))
+    cols = torch.cat([cols, torch.zeros(width - cols.numel(), dtype=torch.int64, device=dev)])
+    index = torch.cat([cols.to(torch.int32), gemm_cuda.tile_escapes(rec, escapes, nb, kb)])
     if dev.type == "cuda":  # the split-K ticket buffers live outside any CUDA-graph pool: make them now
-        from . import gemm_cuda
-
         _tickets(dev, 1 << 16)
         gemm_cuda._tickets(dev, 1 << 16)
-    return offsets.to(torch.int32), cols.to(torch.int32)
+    return offsets.to(torch.int32), index
 
 
 _TICKETS: dict = {}

@@ -196,39 +196,58 @@ __global__ void __launch_bounds__(THREADS, MT == 1 ? 3 : 2) int8_bounds_kernel(
   const int t = lane;  // lane t < R·MT evaluates the bound of (row r = t / MT, token m = t % MT)
   unsigned kmax = 0, bad = 0;
   const long nwarps = (long)gridDim.x * WARPS;  // groups g ≡ this warp (mod nwarps): ≤ gpw each
+  // One continuous stream per warp: a row's steps are padded to nsp (a multiple of D, padded steps load
+  // and compute nothing), so step s always sits in slot s % D, and the last D steps of a group load the
+  // first D steps of the warp's next group: D steps stay in flight across row boundaries.
+  const int nsp = (ns + D - 1) / D * D;
+  auto row_ptrs = [&](long gg, const int8_t* (&rows)[R], bool (&rok)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      rok[r] = gg < ngroups && gg * R + r < V;
+      rows[r] = q + (rok[r] ? gg * R + r : 0) * ldq + 16 * lane;
+    }
+  };
+  auto load_step = [&](const int8_t* const (&rows)[R], const bool (&rok)[R], int s, uint4 (&dst)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      dst[r] = (s < ns && rok[r] && 512 * s + 16 * lane < K) ? ld_stream(rows[r] + 512 * s) : make_uint4(0, 0, 0, 0);
+  };
+  uint4 buf[D][R];
+  {
+    const int8_t* rows[R];
+    bool rok[R];
+    row_ptrs((long)blockIdx.x * WARPS + warp, rows, rok);
+#pragma unroll
+    for (int d = 0; d < D; ++d) load_step(rows, rok, d, buf[d]);
+  }
   for (long g = (long)blockIdx.x * WARPS + warp; g < ngroups; g += nwarps) {
     const long v0 = g * R;
+    const int8_t* rows[R];
+    const int8_t* nrows[R];
+    bool rok[R], nrok[R];
+    row_ptrs(g, rows, rok);
+    row_ptrs(g + nwarps, nrows, nrok);
+    // lane t's scale and radius, fetched now so that their latency hides behind the stream
+    float sv = 0.f, dv = 0.f;
+    if (t < R * MT && v0 + t / MT < V) {
+      sv = __ldg(scale + v0 + t / MT);
+      dv = __ldg(radius + v0 + t / MT);
+    }
     float acc[R][MT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int m = 0; m < MT; ++m) acc[r][m] = 0.f;
-    const int8_t* rows[R];
-    bool rok[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      rok[r] = v0 + r < V;
-      rows[r] = q + (rok[r] ? v0 + r : 0) * ldq + 16 * lane;
-    }
-    uint4 buf[D][R];
-#pragma unroll
-    for (int d = 0; d < D; ++d)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        buf[d][r] = (d < ns && rok[r] && 512 * d + 16 * lane < K) ? ld_stream(rows[r] + 512 * d)
-                                                                   : make_uint4(0, 0, 0, 0);
-    for (int s0 = 0; s0 < ns; s0 += D) {
+    for (int s0 = 0; s0 < nsp; s0 += D) {
 #pragma unroll
       for (int d = 0; d < D; ++d) {
         const int s = s0 + d;
         uint4 cur[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          cur[r] = buf[d][r];
-          const int sn = s + D;  // keep D steps of loads in flight
-          buf[d][r] = (sn < ns && rok[r] && 512 * sn + 16 * lane < K) ? ld_stream(rows[r] + 512 * sn)
-                                                                      : make_uint4(0, 0, 0, 0);
-        }
+        for (int r = 0; r < R; ++r) cur[r] = buf[d][r];
+        const int sn = s + D;  // keep D steps of loads in flight: this row's, then the next group's
+        if (sn < nsp) load_step(rows, rok, sn, buf[d]);
+        else load_step(nrows, nrok, sn - nsp, buf[d]);
         if (s < ns) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
@@ -262,8 +281,8 @@ __global__ void __launch_bounds__(THREADS, MT == 1 ? 3 : 2) int8_bounds_kernel(
     const long v = v0 + r;
     const int tok = m0 + m;
     if (t < R * MT && v < V && tok < M) {
-      const float a = mul_rn(__ldg(scale + v), tsum);
-      const float p = add_rn(add_rn(mul_rn(mul_rn(nx_s[m], __ldg(radius + v)), mul_pad), mul_rn(REL_PAD, abs_f(a))),
+      const float a = mul_rn(sv, tsum);
+      const float p = add_rn(add_rn(mul_rn(mul_rn(nx_s[m], dv), mul_pad), mul_rn(REL_PAD, abs_f(a))),
                              ABS_PAD);
       const uint16_t ub = bf16_rn(add_rn(a, p)), lb = bf16_rn(sub_rn(a, p));
       U[tok * ldu + v] = ub;
@@ -632,8 +651,18 @@ int w12_lmh_certified(const void* q, const void* scale, const void* radius, cons
   auto ub = static_cast<uint16_t*>(U);
   int nbx = 0;
   cudaError_t e;
-  if (M == 1)
+  const int ns = (K + 511) / 512;
+  int d1 = 8;  // M = 1: steps in flight per warp, the one of 8, 7, 6, 5 that pads a row's ns steps least
+  for (int d = 7; d >= 5; --d)
+    if ((ns + d - 1) / d * d - ns < (ns + d1 - 1) / d1 * d1 - ns) d1 = d;
+  if (M == 1 && d1 == 8)
     e = launch_int8<1, 1, 8>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
+  else if (M == 1 && d1 == 7)
+    e = launch_int8<1, 1, 7>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
+  else if (M == 1 && d1 == 6)
+    e = launch_int8<1, 1, 6>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
+  else if (M == 1)
+    e = launch_int8<1, 1, 5>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
   else if (M == 2)
     e = launch_int8<2, 2, 4>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
   else

@@ -22,7 +22,7 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
              esc_offsets: torch.Tensor, esc_cols: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · Wᵀ with the exact W (escapes added as an exact sparse correction)."""
     if x.is_cuda:
-        if _gc.usable(x, records):
+        if _gc.usable(x, records, exponents):
             return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
         return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
@@ -38,7 +38,7 @@ def _(x, records, exponents, escapes, esc_offsets, esc_cols, n):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
-        if _gc.usable(x, records):
+        if _gc.usable(x, records, exponents):
             return _gc.launch(x, records, exponents, n, view=True)
         return _g.launch(x, records, exponents, n, view=True)
     nb, kb = records.shape[:2]

@@ -14,11 +14,11 @@ from w12.kernels import gemm_cuda as gc
 
 def test_table_hit_and_rule():
     assert gc.pick_config(1, 4096, 4096) == gc.TABLE[(4096, 4096, 8, False)]
-    # not in the table: 8 warps for a small grid, K split until >= 2 CTAs per SM
+    # not in the table: 8 warps for a small grid, 4 for a large one; the stream-K grid takes every SM slot
     c = gc.pick_config(1, 512, 8192)
-    assert (c.nt, c.warps, c.unroll) == (1, 8, 1) and c.split == 4
+    assert (c.nt, c.warps, c.unroll, c.per_sm) == (1, 8, 1, 0)
     big = gc.pick_config(3, 999 * 128, 4096)
-    assert big.warps == 4 and big.split == 1 and big.nt == 1
+    assert big.warps == 4 and big.nt == 1
     assert gc.pick_config(40, 999 * 128, 4096).nt == 8
 
 
@@ -38,7 +38,50 @@ def test_table_override(tmp_path, monkeypatch):
 def test_not_usable_on_cpu():
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     rec = torch.zeros(1, 1, 12288, dtype=torch.uint8)
-    assert not gc.usable(x, rec)
+    assert not gc.usable(x, rec, torch.zeros(128, dtype=torch.uint8))
+
+
+def test_tile_escapes_layout():
+    """The CUDA kernel's per-tile escape lists hold every escape once, in SPEC order within each channel,
+    and sit where the launcher looks for them."""
+    from w12.kernels import gemm as g
+
+    nb, kb = 3, 5
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.randint(0, 6, (nb, kb), generator=gen, dtype=torch.int32)
+    esc = []
+    for r in range(nb * kb):  # sorted positions per record (SPEC.md §6), random h
+        pos = torch.sort(torch.randperm(128 * 64, generator=gen)[: int(counts.view(-1)[r])]).values
+        esc.append(torch.stack([pos, torch.randint(-32768, 32767, pos.shape, generator=gen)], 1))
+    escapes = torch.cat(esc).to(torch.int16)
+    offs, cols = g.prepare_escapes(counts, escapes)
+    nnz = escapes.shape[0]
+    at = gc._even(max(nnz, 1))
+    assert torch.equal(cols[:nnz], g.prepare_escapes(counts, escapes)[1][:nnz])
+    toff = cols[at:at + nb * 8 * kb + 1].long()
+    tent = cols[at + gc._even(nb * 8 * kb + 1):].view(-1, 2).long()
+    assert tent.shape[0] == nnz and toff[-1] == nnz and bool((toff[1:] >= toff[:-1]).all())
+    got = []
+    for c in range(nb * 8):
+        for k in range(kb):
+            for e in tent[toff[c * kb + k]:toff[c * kb + k + 1]]:
+                row, col = c % 8 * 16 + int(e[0] >> 24), int(e[0] & 0xFFFFFF)
+                assert col // 64 == k
+                got.append((c // 8, k, row, col % 64, int(e[1])))
+    want = []
+    for i, r in enumerate(torch.repeat_interleave(torch.arange(nb * kb), counts.view(-1).long()).tolist()):
+        p, h = int(escapes[i, 0]) & 0xFFFF, int(escapes[i, 1]) & 0xFFFF
+        want.append((r // kb, r % kb, p >> 6, p & 63, h))
+    assert sorted(got) == sorted(want)
+    # within one channel the entries keep the SPEC order (ascending record, then position)
+    per_row = {}
+    for nbi, k, row, c, h in got:
+        per_row.setdefault((nbi, row), []).append((k, c))
+    assert all(v == sorted(v) for v in per_row.values())
+    # the launcher finds them (and refuses an index made without them)
+    gc._tile_escape_ptrs(cols, nnz, nb, kb)
+    with pytest.raises(ValueError, match="prepare_escapes"):
+        gc._tile_escape_ptrs(cols[:nnz], nnz, nb, kb)
 
 
 def test_load_without_gpu_returns_none(monkeypatch):
@@ -50,7 +93,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
-@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv"]),
+@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
