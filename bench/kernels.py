@@ -278,7 +278,7 @@ def main():
     if cuda_ok:
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
-                    gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 1), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 1)):
+                    gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -316,7 +316,8 @@ def main():
                     y1 = mt.run(x, cuda=cfg)
                     e1, e2 = rel(y1, ref), rel(mt.run(x, view=True, cuda=cfg), refq)
                     assert e1 < 1e-2 and e2 < 1e-2, f"cuda {cfg} M={m} {n}x{k}: rel err {e1:.2e} {e2:.2e}"
-                    assert all(torch.equal(mt.run(x, cuda=cfg), y1) for _ in range(3)), f"stream-K not deterministic {cfg}"
+                    if cfg.split > 1:
+                        assert all(torch.equal(mt.run(x, cuda=cfg), y1) for _ in range(3)), f"split-K not deterministic {cfg}"
         del wf, wq, wd
         checks[(n, k)] = err
         mats[(n, k)] = mt
@@ -392,12 +393,12 @@ def main():
                     if key not in best or m == 8 * gc._nt_for(m):
                         best[key] = res[0][1]
                     print(f"cuda sweep {n}x{k} M={m} view={view}: " + ", ".join(
-                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.per_sm}]" for t, c in res[:5]))
+                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.split}]" for t, c in res[:5]))
         gc.TABLE.update(best)
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.per_sm}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -448,8 +449,8 @@ def main():
 
 def cuda_candidates(m):
     nts = {gc._nt_for(m)} | ({gc._nt_for(m) // 2} if m > 8 else set())
-    wus = [(4, 1, 0), (4, 1, 3), (4, 2, 0), (8, 1, 0), (8, 1, 1), (8, 2, 0)]
-    return [gc.CudaConfig(nt, w, u, ps) for nt in sorted(nts) for (w, u, ps) in wus]
+    wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 2, 1)]
+    return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
 
 
 def geo(v):

@@ -7,8 +7,7 @@ Same contract and same tensors as kernels/gemm.py's Triton launcher (records u8 
 exponents u8 [N_PAD], escapes i16 [nnz, 2], esc_offsets/esc_cols from `gemm.prepare_escapes`; esc_cols
 carries this kernel's per-tile escape lists after the Triton kernel's columns, see `tile_escapes`).  The
 CUDA kernel covers Hopper, M ≤ MAX_M, K a multiple of 64 and 16-byte-aligned X rows; everything else runs
-the Triton kernel.  Work split: stream-K over one wave of CTAs (w12_gemv.cu).  Deterministic: warp and
-CTA partials are added in a fixed order (the grid depends only on the GPU and the shape).
+the Triton kernel.  Deterministic: warp partials (and split-K CTA partials) are added in a fixed order.
 """
 
 import os
@@ -26,7 +25,7 @@ class CudaConfig:
     nt: int  # X rows per CTA / 8: 1, 2, 4 or 8
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
     unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
-    per_sm: int = 0  # resident CTAs per SM in the stream-K grid (0: as many as fit)
+    split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
 
 
 def _nt_for(m: int) -> int:
@@ -39,102 +38,102 @@ def _nt_for(m: int) -> int:
 # (N, K, M bucket, view) -> CudaConfig: the fastest candidate of `python bench/kernels.py --cuda-sweep`
 # on the H200 (2026-11-29, commit 1181b70, clean-flush timing); other shapes: pick_config's rule.
 TABLE: dict = {
-    (6144, 4096, 8, False): CudaConfig(1, 8, 1),
-    (6144, 4096, 8, True): CudaConfig(1, 8, 1),
-    (6144, 4096, 16, False): CudaConfig(1, 4, 1),
-    (6144, 4096, 16, True): CudaConfig(2, 8, 1),
-    (6144, 4096, 32, False): CudaConfig(2, 8, 1),
-    (6144, 4096, 32, True): CudaConfig(2, 4, 1),
-    (6144, 4096, 64, False): CudaConfig(4, 8, 1),
-    (6144, 4096, 64, True): CudaConfig(8, 4, 1),
-    (4096, 4096, 8, False): CudaConfig(1, 8, 1),
-    (4096, 4096, 8, True): CudaConfig(1, 8, 1),
-    (4096, 4096, 16, False): CudaConfig(2, 8, 1),
-    (4096, 4096, 16, True): CudaConfig(2, 8, 1),
-    (4096, 4096, 32, False): CudaConfig(2, 8, 1),
-    (4096, 4096, 32, True): CudaConfig(4, 8, 1),
-    (4096, 4096, 64, False): CudaConfig(4, 8, 1),
-    (4096, 4096, 64, True): CudaConfig(4, 8, 1),
-    (28672, 4096, 8, False): CudaConfig(1, 4, 1),
-    (28672, 4096, 8, True): CudaConfig(1, 8, 1),
-    (28672, 4096, 16, False): CudaConfig(2, 4, 1),
-    (28672, 4096, 16, True): CudaConfig(2, 4, 1),
-    (28672, 4096, 32, False): CudaConfig(2, 4, 1),
-    (28672, 4096, 32, True): CudaConfig(2, 4, 1),
-    (28672, 4096, 64, False): CudaConfig(4, 4, 1),
-    (28672, 4096, 64, True): CudaConfig(8, 4, 1),
-    (4096, 14336, 8, False): CudaConfig(1, 8, 1),
-    (4096, 14336, 8, True): CudaConfig(1, 8, 1),
-    (4096, 14336, 16, False): CudaConfig(2, 8, 1),
-    (4096, 14336, 16, True): CudaConfig(2, 8, 1),
-    (4096, 14336, 32, False): CudaConfig(4, 8, 1),
-    (4096, 14336, 32, True): CudaConfig(4, 8, 1),
-    (4096, 14336, 64, False): CudaConfig(4, 8, 1),
-    (4096, 14336, 64, True): CudaConfig(4, 8, 1),
-    (128256, 4096, 8, False): CudaConfig(1, 4, 1),
-    (128256, 4096, 8, True): CudaConfig(1, 4, 1),
-    (128256, 4096, 16, False): CudaConfig(2, 4, 1),
-    (128256, 4096, 16, True): CudaConfig(2, 4, 1),
-    (128256, 4096, 32, False): CudaConfig(2, 4, 1),
-    (128256, 4096, 32, True): CudaConfig(2, 4, 1),
-    (128256, 4096, 64, False): CudaConfig(4, 4, 1),
-    (128256, 4096, 64, True): CudaConfig(8, 4, 1),
-    (10240, 5120, 8, False): CudaConfig(1, 8, 1),
-    (10240, 5120, 8, True): CudaConfig(1, 4, 1),
-    (10240, 5120, 16, False): CudaConfig(2, 4, 1),
-    (10240, 5120, 16, True): CudaConfig(2, 8, 1),
-    (10240, 5120, 32, False): CudaConfig(2, 4, 1),
-    (10240, 5120, 32, True): CudaConfig(2, 4, 1),
-    (10240, 5120, 64, False): CudaConfig(4, 8, 1),
-    (10240, 5120, 64, True): CudaConfig(8, 4, 1),
-    (5120, 8192, 8, False): CudaConfig(1, 8, 1),
-    (5120, 8192, 8, True): CudaConfig(1, 8, 1),
-    (5120, 8192, 16, False): CudaConfig(1, 8, 1),
-    (5120, 8192, 16, True): CudaConfig(2, 4, 1),
-    (5120, 8192, 32, False): CudaConfig(2, 4, 1),
-    (5120, 8192, 32, True): CudaConfig(2, 8, 1),
-    (5120, 8192, 64, False): CudaConfig(4, 8, 1),
-    (5120, 8192, 64, True): CudaConfig(8, 4, 1),
-    (51200, 5120, 8, False): CudaConfig(1, 4, 1),
-    (51200, 5120, 8, True): CudaConfig(1, 4, 1),
-    (51200, 5120, 16, False): CudaConfig(2, 4, 1),
-    (51200, 5120, 16, True): CudaConfig(2, 4, 1),
-    (51200, 5120, 32, False): CudaConfig(2, 4, 1),
-    (51200, 5120, 32, True): CudaConfig(2, 4, 1),
-    (51200, 5120, 64, False): CudaConfig(4, 4, 1),
-    (51200, 5120, 64, True): CudaConfig(8, 4, 1),
-    (5120, 25600, 8, False): CudaConfig(1, 8, 1),
-    (5120, 25600, 8, True): CudaConfig(1, 4, 1),
-    (5120, 25600, 16, False): CudaConfig(1, 8, 1),
-    (5120, 25600, 16, True): CudaConfig(2, 4, 1),
-    (5120, 25600, 32, False): CudaConfig(2, 4, 1),
-    (5120, 25600, 32, True): CudaConfig(2, 4, 1),
-    (5120, 25600, 64, False): CudaConfig(4, 8, 1),
-    (5120, 25600, 64, True): CudaConfig(8, 4, 1),
-    (151936, 5120, 8, False): CudaConfig(1, 4, 1),
-    (151936, 5120, 8, True): CudaConfig(1, 4, 1),
-    (151936, 5120, 16, False): CudaConfig(2, 4, 1),
-    (151936, 5120, 16, True): CudaConfig(2, 4, 1),
-    (151936, 5120, 32, False): CudaConfig(2, 4, 1),
-    (151936, 5120, 32, True): CudaConfig(4, 4, 1),
-    (151936, 5120, 64, False): CudaConfig(4, 4, 1),
-    (151936, 5120, 64, True): CudaConfig(8, 4, 1),
-    (1024, 4096, 8, False): CudaConfig(1, 8, 1),
-    (1024, 4096, 8, True): CudaConfig(1, 8, 1),
-    (1024, 4096, 16, False): CudaConfig(1, 8, 1),
-    (1024, 4096, 16, True): CudaConfig(1, 8, 1),
-    (1024, 4096, 32, False): CudaConfig(2, 8, 1),
-    (1024, 4096, 32, True): CudaConfig(2, 8, 1),
-    (1024, 4096, 64, False): CudaConfig(4, 8, 2),
-    (1024, 4096, 64, True): CudaConfig(4, 8, 1),
-    (14336, 4096, 8, False): CudaConfig(1, 4, 1),
-    (14336, 4096, 8, True): CudaConfig(1, 8, 1),
-    (14336, 4096, 16, False): CudaConfig(1, 4, 1),
-    (14336, 4096, 16, True): CudaConfig(2, 4, 1),
-    (14336, 4096, 32, False): CudaConfig(2, 4, 1),
-    (14336, 4096, 32, True): CudaConfig(2, 4, 1),
-    (14336, 4096, 64, False): CudaConfig(4, 4, 1),
-    (14336, 4096, 64, True): CudaConfig(8, 4, 1),
+    (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
+    (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (6144, 4096, 16, False): CudaConfig(1, 4, 1, 1),
+    (6144, 4096, 16, True): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 32, False): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (6144, 4096, 64, False): CudaConfig(4, 8, 1, 1),
+    (6144, 4096, 64, True): CudaConfig(8, 4, 1, 1),
+    (4096, 4096, 8, False): CudaConfig(1, 8, 1, 1),
+    (4096, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (4096, 4096, 16, False): CudaConfig(2, 8, 1, 1),
+    (4096, 4096, 16, True): CudaConfig(2, 8, 1, 1),
+    (4096, 4096, 32, False): CudaConfig(2, 8, 1, 1),
+    (4096, 4096, 32, True): CudaConfig(4, 8, 1, 1),
+    (4096, 4096, 64, False): CudaConfig(4, 8, 1, 1),
+    (4096, 4096, 64, True): CudaConfig(4, 8, 1, 1),
+    (28672, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (28672, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (28672, 4096, 16, False): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 16, True): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 32, False): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (28672, 4096, 64, True): CudaConfig(8, 4, 1, 1),
+    (4096, 14336, 8, False): CudaConfig(1, 8, 1, 1),
+    (4096, 14336, 8, True): CudaConfig(1, 8, 1, 2),
+    (4096, 14336, 16, False): CudaConfig(2, 8, 1, 1),
+    (4096, 14336, 16, True): CudaConfig(2, 8, 1, 1),
+    (4096, 14336, 32, False): CudaConfig(4, 8, 1, 1),
+    (4096, 14336, 32, True): CudaConfig(4, 8, 1, 1),
+    (4096, 14336, 64, False): CudaConfig(4, 8, 1, 1),
+    (4096, 14336, 64, True): CudaConfig(4, 8, 1, 1),
+    (128256, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (128256, 4096, 8, True): CudaConfig(1, 4, 1, 1),
+    (128256, 4096, 16, False): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 16, True): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 32, False): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (128256, 4096, 64, True): CudaConfig(8, 4, 1, 1),
+    (10240, 5120, 8, False): CudaConfig(1, 8, 1, 1),
+    (10240, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (10240, 5120, 16, False): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 16, True): CudaConfig(2, 8, 1, 1),
+    (10240, 5120, 32, False): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 32, True): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 64, False): CudaConfig(4, 8, 1, 1),
+    (10240, 5120, 64, True): CudaConfig(8, 4, 1, 1),
+    (5120, 8192, 8, False): CudaConfig(1, 8, 1, 1),
+    (5120, 8192, 8, True): CudaConfig(1, 8, 1, 1),
+    (5120, 8192, 16, False): CudaConfig(1, 8, 1, 1),
+    (5120, 8192, 16, True): CudaConfig(2, 4, 1, 2),
+    (5120, 8192, 32, False): CudaConfig(2, 4, 1, 1),
+    (5120, 8192, 32, True): CudaConfig(2, 8, 1, 1),
+    (5120, 8192, 64, False): CudaConfig(4, 8, 1, 1),
+    (5120, 8192, 64, True): CudaConfig(8, 4, 1, 1),
+    (51200, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (51200, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (51200, 5120, 16, False): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 16, True): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 32, False): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 32, True): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 64, False): CudaConfig(4, 4, 1, 1),
+    (51200, 5120, 64, True): CudaConfig(8, 4, 1, 1),
+    (5120, 25600, 8, False): CudaConfig(1, 8, 1, 2),
+    (5120, 25600, 8, True): CudaConfig(1, 4, 1, 2),
+    (5120, 25600, 16, False): CudaConfig(1, 8, 1, 1),
+    (5120, 25600, 16, True): CudaConfig(2, 4, 1, 4),
+    (5120, 25600, 32, False): CudaConfig(2, 4, 1, 4),
+    (5120, 25600, 32, True): CudaConfig(2, 4, 1, 4),
+    (5120, 25600, 64, False): CudaConfig(4, 8, 1, 2),
+    (5120, 25600, 64, True): CudaConfig(8, 4, 1, 1),
+    (151936, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (151936, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (151936, 5120, 16, False): CudaConfig(2, 4, 1, 1),
+    (151936, 5120, 16, True): CudaConfig(2, 4, 1, 1),
+    (151936, 5120, 32, False): CudaConfig(2, 4, 1, 1),
+    (151936, 5120, 32, True): CudaConfig(4, 4, 1, 1),
+    (151936, 5120, 64, False): CudaConfig(4, 4, 1, 1),
+    (151936, 5120, 64, True): CudaConfig(8, 4, 1, 1),
+    (1024, 4096, 8, False): CudaConfig(1, 8, 1, 4),
+    (1024, 4096, 8, True): CudaConfig(1, 8, 1, 4),
+    (1024, 4096, 16, False): CudaConfig(1, 8, 1, 1),
+    (1024, 4096, 16, True): CudaConfig(1, 8, 1, 1),
+    (1024, 4096, 32, False): CudaConfig(2, 8, 1, 1),
+    (1024, 4096, 32, True): CudaConfig(2, 8, 1, 1),
+    (1024, 4096, 64, False): CudaConfig(4, 8, 2, 1),
+    (1024, 4096, 64, True): CudaConfig(4, 8, 1, 1),
+    (14336, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (14336, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (14336, 4096, 16, False): CudaConfig(1, 4, 1, 1),
+    (14336, 4096, 16, True): CudaConfig(2, 4, 1, 1),
+    (14336, 4096, 32, False): CudaConfig(2, 4, 1, 1),
+    (14336, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (14336, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (14336, 4096, 64, True): CudaConfig(8, 4, 1, 1),
 }
 
 
@@ -155,27 +154,14 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     hit = TABLE.get((n, k, 8 * nt, view))
     if hit is not None:
         return hit
-    # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the matrix is large
+    # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs;
+    # split K until there are ≥ 2 CTAs per SM (132 SMs), each warp keeping ≥ 2 records
     ctas = (n + 127) // 128 * 8 * ((m + 8 * nt - 1) // (8 * nt))
-    return CudaConfig(nt, 4 if ctas >= 1500 else 8, 1)
-
-
-def grid(cfg: CudaConfig, view: bool, units: int) -> int:
-    """The stream-K grid: one wave of resident CTAs, each with ≥ 2 records per warp when there are enough."""
-    key = (cfg.nt, cfg.warps, cfg.unroll, view)
-    occ = _OCCUPANCY.get(key)
-    if occ is None:
-        occ = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll)
-        if occ <= 0:
-            raise RuntimeError(f"w12_gemv occupancy query failed for {cfg}")
-        _OCCUPANCY[key] = occ
-    sms, per_sm = divmod(occ, 1024)
-    if cfg.per_sm:
-        per_sm = min(per_sm, cfg.per_sm)
-    return max(1, min(sms * per_sm, units // (2 * cfg.warps)))
-
-
-_OCCUPANCY: dict = {}
+    warps = 4 if ctas >= 1500 else 8
+    split, kb = 1, k // 64
+    while split < 4 and ctas * split < 264 and kb // (2 * split) >= 2 * warps:
+        split *= 2
+    return CudaConfig(nt, warps, 1, split)
 
 
 def _even(v: int) -> int:
@@ -235,15 +221,17 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
     cfg = config or pick_config(m, n, k, view)
-    tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-    ctas = grid(cfg, view, tiles * kb)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    ws = torch.empty(ctas * 2 * 16 * 8 * cfg.nt, dtype=torch.float32, device=x.device)
-    tk = _tickets(x.device, tiles)
+    tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+    if cfg.split > 1:
+        ws = torch.empty(tiles * cfg.split * 16 * 8 * cfg.nt, dtype=torch.float32, device=x.device)
+        tk = _tickets(x.device, tiles)
+    else:
+        ws = tk = y
     stream = torch.cuda.current_stream(x.device).cuda_stream
     err = library().w12_gemv(
         _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-        int(view), cfg.nt, cfg.warps, cfg.unroll, ctas, _p(ws), _p(tk), _vp(stream))
+        int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _vp(stream))
     if err != 0:
         raise RuntimeError(f"w12_gemv launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y
@@ -253,7 +241,7 @@ _TICKETS: dict = {}
 
 
 def _tickets(device, n: int) -> torch.Tensor:
-    """Per-device int32 zeros, one per output tile; the kernel leaves them at zero. Allocated on first
+    """Per-device int32 zeros, one per output tile; split-K kernels leave them at zero. Allocated on first
     use (do that outside CUDA-graph capture: call once eagerly); concurrent streams must not share them."""
     t = _TICKETS.get(device)
     if t is None or t.numel() < n:

@@ -40,6 +40,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -137,7 +138,7 @@ __device__ __forceinline__ float warp_sum(float v) {  // xor butterfly: every la
 // ((s·4 + j)·32 + l): one LDS.128 per warp reads 512 contiguous bytes (no bank conflicts).
 // Step s covers bytes [512 s, 512 s + 512) of a row: lane l loads 16 bytes at 512 s + 16 l.
 template <int MT, int R, int D>
-__global__ void __launch_bounds__(THREADS, MT == 1 ? 3 : 2) int8_bounds_kernel(
+__global__ void __launch_bounds__(THREADS, MT == 1 && R == 1 && D < 8 ? 3 : 2) int8_bounds_kernel(
     const int8_t* __restrict__ q, const float* __restrict__ scale, const float* __restrict__ radius,
     const uint16_t* __restrict__ x, int M, int V, int K, long ldq, long ldx, int ns, long ngroups,
     float mul_pad, uint16_t* __restrict__ U, long ldu, unsigned* __restrict__ blockval,
@@ -651,11 +652,22 @@ int w12_lmh_certified(const void* q, const void* scale, const void* radius, cons
   auto ub = static_cast<uint16_t*>(U);
   int nbx = 0;
   cudaError_t e;
+  // M = 1: R rows per warp share each x load from shared memory; R·D steps of 512 bytes in flight per warp.
+  // W12_LMH_M1 = 10·R + D picks another shape for measurements (R = 1: D from the row length, below).
+  static int m1 = -1;
+  if (m1 < 0) {
+    const char* env = getenv("W12_LMH_M1");
+    m1 = env ? atoi(env) : 42;
+  }
   const int ns = (K + 511) / 512;
-  int d1 = 8;  // M = 1: steps in flight per warp, the one of 8, 7, 6, 5 that pads a row's ns steps least
+  int d1 = 8;  // R = 1: the one of 8, 7, 6, 5 that pads a row's ns steps least
   for (int d = 7; d >= 5; --d)
     if ((ns + d - 1) / d * d - ns < (ns + d1 - 1) / d1 * d1 - ns) d1 = d;
-  if (M == 1 && d1 == 8)
+  if (M == 1 && m1 == 42)
+    e = launch_int8<1, 4, 2>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
+  else if (M == 1 && m1 == 24)
+    e = launch_int8<1, 2, 4>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
+  else if (M == 1 && d1 == 8)
     e = launch_int8<1, 1, 8>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);
   else if (M == 1 && d1 == 7)
     e = launch_int8<1, 1, 7>(q8, sc, rd, xb, M, V, K, ldq, ldx, mul_pad, ub, ldu, blockval, counts, winkey, &nbx, st);

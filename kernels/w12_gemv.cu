@@ -2,15 +2,14 @@
 // decoded in registers straight into mma.sync fragments.  Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
-// Work split (stream-K: one wave of P CTAs, every CTA the same number of records)
-//   tile  = 16 output channels (rows r0..r0+15 of the record row nb) × 8·NT rows of X; the tiles are
-//           numbered τ = c · mblocks + mb (c = nb · 8 + r0 / 16), and a unit is one record (τ, kb).
-//   CTA p = the units [⌊p·U/P⌋, ⌊(p+1)·U/P⌋) of the U = tiles · KB units, cut into segments at tile
-//           boundaries.  A segment that covers a whole tile stores it; a partial segment writes its
-//           partial to ws[p][0 or 1] (its first or last tile) and takes a ticket; the last of the tile's
-//           CTAs adds the partials in CTA order (so in K order: the same bits whatever the arrival order),
-//           stores the tile and resets the ticket.  P depends only on the GPU and the shape.
-//   warp  = the segment's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
+// Work split
+//   tile  = 16 output channels (rows r0..r0+15 of the record row nb) × 8·NT rows of X; CTA (c, mb, z) =
+//           tile (c = nb · 8 + r0 / 16, mb) × the records [z·⌈KB/S⌉, (z+1)·⌈KB/S⌉) of split z of S.
+//           With S > 1 each CTA writes its partial to ws and takes a ticket; the last of the tile's CTAs
+//           adds the partials in the order z = 0, 1, … (the same bits whatever the arrival order), stores
+//           the tile and resets the ticket.  (A stream-K grid — one wave, equal records per CTA — was
+//           measured slower at M = 1: every tile then pays the partial/ticket round trip.)
+//   warp  = the CTA's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
 //
@@ -26,11 +25,11 @@
 //   t = prmt(v, 0, 0x1404) = [b1 0 b0 0];  s = t >> 4;  s = (t & 0x80008000) | s;
 //   c = prmt(nib, 0x38383838, 0x4140) = [38 n1 38 n0];  h = s | (c & 0x380F380F)       (5 ops / 2 weights)
 // 8-bit view: lo = 8 (midpoint of the discarded bits), escapes keep their code value (SPEC.md §4).
-// Segment epilogue: y = (Σ_warps acc) · 2^(E_n − 127)  (exact power of two, fp32 bits E_n << 23), then the
-// exact sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) for the segment's escapes in list
+// Epilogue: y = (Σ_warps acc) · 2^(E_n − 127)  (exact power of two, fp32 bits E_n << 23), then the
+// exact sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) for the CTA's escapes in list
 // order (SPEC.md §7), one rounding to bf16 when the tile is complete.  The escapes come from the per-tile
 // lists of gemm_cuda.tile_escapes (load time): entry (row in tile << 24 | column, h), offsets per
-// (channel tile, kb), so a segment's escapes are one contiguous range, fetched while its first records load.
+// (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -169,18 +168,11 @@ struct Group {
   }
 };
 
-// resident CTAs per SM asked of the register allocator: ~80 registers at NT = 1, U = 1, 128 at NT = 2, 4
-template <int NT, int WARPS, int U>
-constexpr int min_ctas() {
-  return (NT == 1 && U == 1 ? 24 : NT <= 4 ? 16 : 8) / WARPS;
-}
-
 template <int NT, bool VIEW, int WARPS, int U>
-__global__ void __launch_bounds__(WARPS * 32, min_ctas<NT, WARPS, U>()) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, int mblocks, int units,
-    float* __restrict__ ws, int* __restrict__ tickets) {
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -188,184 +180,153 @@ __global__ void __launch_bounds__(WARPS * 32, min_ctas<NT, WARPS, U>()) w12_gemv
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
-  __shared__ uint2 s_ent[THREADS];            // the segment's escape entries (row << 24 | column, h)
+  __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int P = gridDim.x, p = blockIdx.x;
-  // start(q) = ⌊q·U/P⌋ (64-bit product: U · P may pass 2^31)
-  auto start = [&](int q) { return (int)((long long)q * units / P); };
-  const int u_begin = start(p), u_end = start(p + 1);
   const int v0 = g * 64 + 16 * t, v1 = v0 + 8 * 64;  // in-record byte offsets for r0 = 0
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
-
-  for (int u = u_begin; u < u_end;) {
-    const int tau = u / KB, a = u % KB;
-    const int b = min(KB, a + (u_end - u));
-    u += b - a;
-    const int c = tau / mblocks, mb = tau % mblocks;
-    const int nb = c >> 3, r0 = (c & 7) * 16, m0 = mb * MT;
-
-    // ---- issue, in this order: the segment's escape offsets, two pipeline stages of records (and X),
-    // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
-    int e_lo = 0, e_hi = 0;
-    if (!VIEW) {
-      e_lo = __ldg(toff + (long)c * KB + a);
-      e_hi = __ldg(toff + (long)c * KB + b);
-    }
-    const uint8_t* base = rec + ((size_t)nb * KB) * REC;
-    const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
-    const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
-    bool xok[NT];
+  const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
+  const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
+  const int kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
+  // ---- issue, in this order: the CTA's escape offsets, two pipeline stages of records (and X),
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
+  int e_lo = 0, e_hi = 0;
+  if (!VIEW) {
+    e_lo = __ldg(toff + (long)c * KB + a);
+    e_hi = __ldg(toff + (long)c * KB + b);
+  }
+  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
+  const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
+  const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
+  bool xok[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      int m = m0 + 8 * j + g;
-      xok[j] = m < M;
-      xr[j] = x + (size_t)(xok[j] ? m : 0) * ldx + 16 * t;
-    }
-    float acc[NT][4];
+  for (int j = 0; j < NT; ++j) {
+    int m = m0 + 8 * j + g;
+    xok[j] = m < M;
+    xr[j] = x + (size_t)(xok[j] ? m : 0) * ldx + 16 * t;
+  }
+  float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    Group<NT, VIEW, U> ga, gb;
-    ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
-    gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-    if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  Group<NT, VIEW, U> ga, gb;
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
 
-    // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-    for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
-      ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
-      ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-      gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
-      gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    }
+  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
+  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  }
 
-    // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      red[warp][g][8 * j + 2 * t] = acc[j][0];
-      red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
-      red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
-      red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
-    }
-    cp_async_wait_all();
-    __syncthreads();
-    const int mcount = min(MT, M - m0);
-    for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-      int r = idx & 15, m = idx >> 4;
-      float sum = 0.f;
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][8 * j + 2 * t] = acc[j][0];
+    red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  const int mcount = min(MT, M - m0);
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
+    float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
-      red[0][r][m] = sum * __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
-    }
-    if (!VIEW && e_hi > e_lo) {
-      for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
-        if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
-          __syncthreads();   // the previous chunk's readers are done
-          if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
-          __syncthreads();
-        }
-        // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
-        s_row[tid] = -1;
-        if (c0 + tid < e_hi) {
-          const uint2 en = s_ent[tid];
-          int rl = (int)(en.x >> 24);
-          float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
-          s_row[tid] = rl;
-          s_col[tid] = (int)(en.x & 0xFFFFFFu);
-          s_d[tid] = w - __int_as_float(((int)s_e[rl] - 15) << 23);
-        }
+    for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    red[0][r][m] = sum * __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+  }
+  if (!VIEW && e_hi > e_lo) {
+    for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
+      if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
+        __syncthreads();   // the previous chunk's readers are done
+        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
         __syncthreads();
-        // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
-        // per (row, X row) adds its row's entries in ascending order (deterministic, no search)
-        {
-          int rr = s_row[tid];
+      }
+      // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
+      s_row[tid] = -1;
+      if (c0 + tid < e_hi) {
+        const uint2 en = s_ent[tid];
+        int rl = (int)(en.x >> 24);
+        float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+        s_row[tid] = rl;
+        s_col[tid] = (int)(en.x & 0xFFFFFFu);
+        s_d[tid] = w - __int_as_float(((int)s_e[rl] - 15) << 23);
+      }
+      __syncthreads();
+      // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
+      // per (row, X row) adds its row's entries in ascending order (deterministic, no search)
+      {
+        int rr = s_row[tid];
 #pragma unroll
-          for (int r = 0; r < 16; ++r) {
-            uint32_t bm = __ballot_sync(0xffffffffu, rr == r);
-            if (lane == 0) s_mask[r][warp] = bm;
-          }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-          int r = idx & 15, m = idx >> 4;
-          const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
-          float out = red[0][r][m];
-          for (int cw = 0; cw < WARPS; ++cw) {
-            for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
-              int jj = 32 * cw + __ffs(bm) - 1;
-              out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
-            }
-          }
-          red[0][r][m] = out;
+        for (int r = 0; r < 16; ++r) {
+          uint32_t bm = __ballot_sync(0xffffffffu, rr == r);
+          if (lane == 0) s_mask[r][warp] = bm;
         }
       }
-    }
-    if (a != 0 || b != KB) {
-      // Partial tile: publish this segment's sum, take a ticket; the last of the tile's CTAs adds the
-      // partials in CTA order and finishes.  CTA q's partial of tile τ is in ws[q][τ == its first tile ? 0 : 1].
-      // owner(u) = the last q with start(q) ≤ u = ⌊((u + 1)·P − 1) / U⌋
-      const int first = (int)(((long long)tau * KB * P + P - 1) / units);     // owner of unit τ·KB
-      const int last = (int)((((long long)tau * KB + KB) * P - 1) / units);  // owner of unit τ·KB + KB − 1
-      const int slot = start(p) / KB == tau ? 0 : 1;
-      float* mine = ws + ((size_t)p * 2 + slot) * 16 * MT;
-      for (int idx = tid; idx < 16 * mcount; idx += THREADS) mine[idx] = red[0][idx & 15][idx >> 4];
-      __threadfence();
       __syncthreads();
-      if (tid == 0) s_last = atomicAdd(tickets + tau, 1) == last - first;
-      __syncthreads();
-      if (!s_last) continue;  // (no shared memory is reused before the next segment's first barrier)
-      __threadfence();
       for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-        float sum = 0.f;
-        for (int q = first; q <= last; ++q) {
-          const int qs = start(q) / KB == tau ? 0 : 1;
-          sum += __ldcg(ws + ((size_t)q * 2 + qs) * 16 * MT + idx);
+        int r = idx & 15, m = idx >> 4;
+        const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
+        float out = red[0][r][m];
+        for (int cw = 0; cw < WARPS; ++cw) {
+          for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
+            int jj = 32 * cw + __ffs(bm) - 1;
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
+          }
         }
-        red[0][idx & 15][idx >> 4] = sum;
+        red[0][r][m] = out;
       }
-      if (tid == 0) tickets[tau] = 0;
     }
+  }
+  if (S > 1) {
+    // Split K: publish this CTA's partial, take a ticket; the last of the tile's CTAs adds the partials in
+    // the order z = 0, 1, … and finishes.
+    float* part = ws + (size_t)tau * S * 16 * MT;
+    for (int idx = tid; idx < 16 * mcount; idx += THREADS) part[blockIdx.z * 16 * MT + idx] = red[0][idx & 15][idx >> 4];
+    __threadfence();
     __syncthreads();
+    if (tid == 0) s_last = atomicAdd(tickets + tau, 1) == S - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
     for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-      int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
-      if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
+      float sum = 0.f;
+      for (int z = 0; z < S; ++z) sum += __ldcg(part + z * 16 * MT + idx);
+      red[0][idx & 15][idx >> 4] = sum;
     }
-    __syncthreads();  // red / s_e are rewritten by the next segment
+    if (tid == 0) tickets[tau] = 0;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
   }
 }
 
 struct Args {
   const void *x, *rec, *expo, *toff, *tent;
   void *y, *ws, *tickets;
-  int M, ldx, ldy, N, KB, mblocks, ctas, units;
+  int M, ldx, ldy, N, NB, KB, split;
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
-  w12_gemv_kernel<NT, VIEW, WARPS, U><<<a.ctas, WARPS * 32, 0, stream>>>(
+  dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
       (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo,
-      (const int32_t*)a.toff, (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, a.mblocks, a.units,
-      (float*)a.ws, (int*)a.tickets);
+      (const int32_t*)a.toff, (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
+      (int*)a.tickets);
   return cudaGetLastError();
-}
-
-template <int NT, bool VIEW, int WARPS, int U>
-int occupancy_t() {
-  static int n = -1;
-  if (n < 0) {
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0) !=
-            cudaSuccess)
-      return -1;
-    n = sms * 1024 + per_sm;
-  }
-  return n;
 }
 
 template <int NT, bool VIEW>
@@ -377,40 +338,19 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
   return cudaErrorInvalidValue;
 }
 
-template <int NT, bool VIEW>
-int occupancy_wu(int warps, int unroll) {
-#define W12_CASE(W, UU) \
-  if (warps == W && unroll == UU) return occupancy_t<NT, VIEW, W, UU>();
-  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
-#undef W12_CASE
-  return -1;
-}
-
 }  // namespace
 
-// SMs · 1024 + resident CTAs per SM of one configuration (the host sizes the stream-K grid from it),
-// or −1.  Same configuration arguments as w12_gemv.
-extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll) {
-#define W12_NT(NTV) \
-  if (nt == NTV) return view ? occupancy_wu<NTV, true>(warps, unroll) : occupancy_wu<NTV, false>(warps, unroll);
-  W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
-#undef W12_NT
-  return -1;
-}
-
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
-// records per pipeline stage per warp (1, 2; two stages in flight); ctas: the stream-K grid P (one wave);
-// ws: fp32 [ctas · 2 · 16 · 8nt]; tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which the kernel leaves at
-// zero.  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
+// records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
+// ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
+// the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int ctas, void* ws, void* tickets, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  const int mblocks = (M + 8 * nt - 1) / (8 * nt);
-  const long long units = (long long)NB * 8 * mblocks * KB;
-  if (ctas < 1 || ctas > units || units >= (1LL << 31)) return (int)cudaErrorInvalidValue;
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, KB, mblocks, ctas, (int)units};
+  if (split < 1 || split > KB) return (int)cudaErrorInvalidValue;
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split};
 #define W12_NT(NTV) \
   if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
