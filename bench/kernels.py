@@ -184,9 +184,10 @@ class Mat:
                         config=cfg, use_ptx=use_ptx)
 
     def op(self, x, view=False):
-        """What the custom op runs for x (CUDA kernel for M <= 64 on Hopper, else Triton)."""
+        """What the custom op runs for x (CUDA kernels for M <= 128 on Hopper: skinny up to 8 rows, tensor-core
+        above; else Triton)."""
         if gc.usable(x, self.records, self.exps):
-            return self.run(x, view=view, cuda=gc.pick_config(x.shape[0], self.n, self.k, view))
+            return gc.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols, view=view)
         return self.run(x, view=view)
 
     def bytes(self, m, kind):
@@ -278,7 +279,8 @@ def main():
     if cuda_ok:
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
-                    gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3)):
+                    gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
+                    gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -311,7 +313,7 @@ def main():
                 err["w12_portable"] = max(err["w12_portable"], rel(mt.run(x, use_ptx=False), ref))
             for _ in range(9):
                 err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
-            if args.cuda_sweep and cuda_ok and m <= gc.MAX_M:
+            if args.cuda_sweep and cuda_ok and m <= 64:
                 for cfg in cuda_candidates(m):
                     y1 = mt.run(x, cuda=cfg)
                     e1, e2 = rel(y1, ref), rel(mt.run(x, view=True, cuda=cfg), refq)
@@ -418,6 +420,11 @@ def main():
             diag.append((f"{n}x{k} M=1 W12 CUDA, escape epilogue skipped (wrong result, timing only)", bench(
                 lambda: gc.launch(x1, mt.records, mt.exps, n, no_esc, no_offs, no_cols, config=cfg), clean=True)))
             diag.append((f"{n}x{k} M=1 view CUDA", bench(lambda: mt.op(x1, view=True), clean=True)))
+            for m in (16, 32, 64):  # the skinny kernel where the tensor-core kernel now runs
+                xm = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+                sk = gc.pick_config(m, n, k)
+                diag.append((f"{n}x{k} M={m} W12 skinny kernel {sk} (tensor-core kernel: table)",
+                             bench(lambda: mt.run(xm, cuda=sk), clean=True)))
         for name, t in diag:
             print(f"diag {t:8.1f} µs  {name}")
 
@@ -435,9 +442,12 @@ def main():
             c_w = bench(lambda: mt.op(x), clean=True)
             c_v = bench(lambda: mt.op(x, view=True), clean=True)
             c = g.pick_config(m, n, k)
-            if gc.usable(x, mt.records, mt.exps):
+            if gc.usable(x, mt.records, mt.exps) and m <= gc.SKINNY_MAX_M:
                 cc = gc.pick_config(m, n, k)
-                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}"
+                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
+            elif gc.usable(x, mt.records, mt.exps):
+                cc = gc.pick_tc_config(m, n, k)
+                c = f"cuda-tc {cc.nt}/{cc.split}"
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,

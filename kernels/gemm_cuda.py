@@ -17,7 +17,8 @@ import torch
 
 from . import cuda_build
 
-MAX_M = 64
+MAX_M = 128  # the CUDA kernels' reach: the skinny kernel for M ≤ SKINNY_MAX_M, the tensor-core one above
+SKINNY_MAX_M = 8
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,22 @@ class CudaConfig:
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
     unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
+
+
+@dataclass(frozen=True)
+class TcConfig:
+    """The tensor-core kernel (w12_gemm_tc_kernel: 64 channels × 8·nt X rows per CTA, X shared in shared memory)."""
+    nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
+    split: int = 1  # CTAs along K
+
+
+def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
+    """nt: the smallest that holds M; split K until the grid has ~2 CTAs per SM (132 SMs), ≥ 8 records each."""
+    nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
+    ctas, kb, split = (n + 127) // 128 * 2 * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
+    while ctas * split * 2 <= 264 and kb // (2 * split) >= 8:
+        split *= 2
+    return TcConfig(nt, split)
 
 
 def _nt_for(m: int) -> int:
@@ -211,7 +228,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor) -> b
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | None = None):
+           config: CudaConfig | TcConfig | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n]."""
     m, k = x.shape
     nb, kb = records.shape[:2]
@@ -221,21 +238,33 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         toff = tent = _p(exponents)  # unused by the view kernel
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
-    cfg = config or pick_config(m, n, k, view)
+    if config is None:
+        config = pick_config(m, n, k, view) if m <= SKINNY_MAX_M else pick_tc_config(m, n, k)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-    if cfg.split > 1:
-        ws = torch.empty(tiles * cfg.split * 16 * 8 * cfg.nt, dtype=torch.float32, device=x.device)
-        tk = _tickets(x.device, tiles)
+    stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
+    cfg = config
+    if isinstance(cfg, TcConfig):
+        tiles = nb * 2 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 64 * 8 * cfg.nt)
+        err = library().w12_gemm_tc(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), stream)
     else:
-        ws = tk = y
-    stream = torch.cuda.current_stream(x.device).cuda_stream
-    err = library().w12_gemv(
-        _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-        int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _vp(stream))
+        tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
+        err = library().w12_gemv(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), stream)
     if err != 0:
-        raise RuntimeError(f"w12_gemv launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
+        raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y
+
+
+def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):
+    """(ws, tickets) of a split-K launch (placeholders when split == 1)."""
+    if split == 1:
+        return y, y
+    return torch.empty(tiles * split * tile_floats, dtype=torch.float32, device=device), _tickets(device, tiles)
 
 
 _TICKETS: dict = {}

@@ -1,5 +1,6 @@
-// W12 skinny GEMM on Hopper: Y[M, N] = X[M, K] · Wᵀ for M ≤ 64, W stored as W12 records (SPEC.md),
-// decoded in registers straight into mma.sync fragments.  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
+// registers straight into mma.sync fragments: the skinny kernel (below; the host uses it for M ≤ 8, it takes
+// M ≤ 64) and the tensor-core kernel for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel, further down).  Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
 // Work split
@@ -313,6 +314,236 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   }
 }
 
+// =================================================================================================
+// W12 GEMM for 9 ≤ M ≤ 128 (tensor cores, X shared through shared memory)
+// =================================================================================================
+// CTA (cx, mb, z) = 64 output channels (rows r0..r0+63 of record row nb = cx / 2, r0 = 64·(cx % 2)) ×
+// MT = 8·NT rows of X × the records [z·⌈KB/S⌉, …) of split z.  Warp w owns the 16 channels r0 + 16w ..
+// (its tile c = nb·8 + r0/16 + w) and every record of the CTA: its A fragments come from global memory
+// straight into registers (two records in flight, the same lane layout and decode as the skinny kernel),
+// the X fragments from a STAGES-deep cp.async ring in shared memory that the four warps share (one
+// barrier per record).  X rows are 128 bytes; the 16-byte chunk q of row m sits at chunk q ^ (m & 7), so
+// the fragment loads (row 8j + g, chunks 2t and 2t+1) hit eight distinct chunks per quarter-warp.
+// Escapes: while record kb's X tile is in shared memory, each warp adds x[m, col] · (w − w_code) of its
+// tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
+// the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
+// added in the epilogue from global memory, after the others: still list order).  Split K as in the
+// skinny kernel (partials in ws, tickets, fixed order).
+constexpr int TC_WARPS = 4, TC_THREADS = 128, TC_CH = 64, ECAP = 256;
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+               "l"(gmem), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+template <bool VIEW>
+struct WRegs {  // one record's A-fragment bytes of one warp (rows g, g+8 of its 16 channels, columns 16t..16t+15)
+  uint4 va, vb, na, nb;
+  __device__ __forceinline__ void load(const uint8_t* r, int v0, int v1, int n0, int n1) {
+    va = ld_stream(r + v0);
+    vb = ld_stream(r + v1);
+    if (!VIEW) {
+      na = ld_stream(r + n0);
+      nb = ld_stream(r + n1);
+    }
+  }
+};
+
+template <int NT, bool VIEW, int STAGES>
+__global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
+    const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
+    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+  constexpr int MT = 8 * NT;
+  constexpr int XST = MT * 128;  // bytes of one X stage
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* xs = smem;                                                   // [STAGES][MT][128], swizzled
+  float* corr = reinterpret_cast<float*>(smem + STAGES * XST);          // [4][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + TC_WARPS * 16 * MT);   // [4][ECAP]
+  int* s_toff = reinterpret_cast<int*>(s_ent + TC_WARPS * ECAP);        // [4][kps + 1]
+  __shared__ __align__(16) uint8_t s_e[TC_CH];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x >> 1, r0 = (blockIdx.x & 1) * 64, m0 = blockIdx.y * MT;
+  const int c = nb * 8 + r0 / 16 + warp;  // this warp's 16-channel tile
+  const int S = gridDim.z, kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
+  const uint8_t* base = rec + (size_t)nb * KB * REC;
+  const int rw = r0 + 16 * warp;
+  const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+  const int n0 = VIEW_BYTES + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int nsh = (t >> 1) * 4;
+
+  // X stage loader: chunk q (16 bytes) of row m of record kb -> slot, rows ≥ M zero-filled
+  auto load_x = [&](int kb, int slot) {
+    uint8_t* dst = xs + slot * XST;
+    for (int i = tid; i < MT * 8; i += TC_THREADS) {
+      const int m = i >> 3, q = i & 7;
+      const bool ok = m0 + m < M;
+      const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + q * 8;
+      cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
+    }
+  };
+
+  // ---- prologue: W of the first two records, X of the first STAGES − 1, the warp's escape offsets,
+  // exponents and (after the offsets arrive) its first ECAP entries
+  WRegs<VIEW> wa, wb;
+  if (nrec > 0) wa.load(base + (size_t)a * REC, v0, v1, n0, n1);
+  if (nrec > 1) wb.load(base + (size_t)(a + 1) * REC, v0, v1, n0, n1);
+  if (tid < TC_CH / 16) cp_async16(s_e + 16 * tid, expo + nb * 128 + r0 + 16 * tid);  // in group 0, with X of record a
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nrec) load_x(a + s, s);
+    cp_async_commit();
+  }
+  int e_lo = 0, e_hi = 0;
+  int* my_toff = s_toff + warp * (kps + 1);
+  if (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    for (int i = lane; i < min(ECAP, e_hi - e_lo); i += 32)
+      s_ent[warp * ECAP + i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
+  }
+  float* my_corr = corr + warp * 16 * MT;
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  // ---- one record: wait for its X stage, refill the ring, MMAs, this record's escapes
+  auto step = [&](int i, WRegs<VIEW>& w) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // X of record a + i visible to all; everyone is done with the slot refilled below
+    if (i + STAGES - 1 < nrec) load_x(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const uint8_t* xsl = xs + (i % STAGES) * XST;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      uint32_t a0, a1, a2, a3;
+      const uint32_t nwa = VIEW ? 0u : word(w.na, s) >> nsh, nwb = VIEW ? 0u : word(w.nb, s) >> nsh;
+      decode4<VIEW>(word(w.va, s), nwa, a0, a2);
+      decode4<VIEW>(word(w.vb, s), nwb, a1, a3);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        // X row 8j + g, columns 16t + 4s .. : words 2(s&1), 2(s&1)+1 of chunk 2t + (s >> 1)
+        const uint2 q = *reinterpret_cast<const uint2*>(xsl + (8 * j + g) * 128 + (((2 * t + (s >> 1)) ^ g) << 4) +
+                                                         8 * (s & 1));
+        mma16816(acc[j], a0, a1, a2, a3, q.x, q.y);
+      }
+    }
+    if (!VIEW) {
+      const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, ECAP);
+      for (int e = i0; e < i1; ++e) {
+        const uint2 en = s_ent[warp * ECAP + e];
+        const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+        const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+        for (int m = lane; m < MT; m += 32) {
+          const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + m * 128 + ((((col >> 3) ^ (m & 7))) << 4) + 2 * (col & 7));
+          my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), d, my_corr[rl * MT + m]);
+        }
+      }
+    }
+  };
+  for (int i = 0; i < nrec; i += 2) {
+    step(i, wa);
+    if (i + 2 < nrec) wa.load(base + (size_t)(a + i + 2) * REC, v0, v1, n0, n1);
+    if (i + 1 < nrec) {
+      step(i + 1, wb);
+      if (i + 3 < nrec) wb.load(base + (size_t)(a + i + 3) * REC, v0, v1, n0, n1);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the X ring is free: reuse it for the warps' sums
+
+  // ---- epilogue: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP), per warp; split K; store
+  float* red = reinterpret_cast<float*>(xs) + warp * 16 * MT;  // [16][MT] of this warp
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[g * MT + 8 * j + 2 * t] = acc[j][0];
+    red[g * MT + 8 * j + 2 * t + 1] = acc[j][1];
+    red[(g + 8) * MT + 8 * j + 2 * t] = acc[j][2];
+    red[(g + 8) * MT + 8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncwarp();
+  const int mcount = min(MT, M - m0);
+  for (int idx = lane; idx < 16 * MT; idx += 32) {
+    const int r = idx / MT;
+    red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + r] << 23) + my_corr[idx];
+  }
+  __syncwarp();
+  if (!VIEW && e_hi - e_lo > ECAP) {  // rare: entries past the prefetch, from global memory, in order
+    for (int e = e_lo + ECAP; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+      for (int m = lane; m < mcount; m += 32)
+        red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
+      __syncwarp();
+    }
+  }
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  float* cta_red = reinterpret_cast<float*>(xs);  // [4 · 16][MT]: row 16w + r
+  if (S > 1) {
+    __syncthreads();
+    float* part = ws + (size_t)tile * S * TC_CH * MT;
+    for (int idx = tid; idx < TC_CH * MT; idx += TC_THREADS) part[blockIdx.z * TC_CH * MT + idx] = cta_red[idx];
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(tickets + tile, 1) == S - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int idx = tid; idx < TC_CH * MT; idx += TC_THREADS) {
+      float sum = 0.f;
+      for (int z = 0; z < S; ++z) sum += __ldcg(part + z * TC_CH * MT + idx);
+      cta_red[idx] = sum;
+    }
+    if (tid == 0) tickets[tile] = 0;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < TC_CH * mcount; idx += TC_THREADS) {
+    const int r = idx % TC_CH, m = idx / TC_CH, n = nb * 128 + r0 + r;  // consecutive threads: consecutive n
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[r * MT + m]);
+  }
+}
+
+template <int NT, bool VIEW>
+size_t tc_smem(int kps) {
+  constexpr int STAGES = 3;
+  return (size_t)STAGES * 8 * NT * 128 + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 + TC_WARPS * (kps + 1) * 4;
+}
+
+template <int NT, bool VIEW>
+cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      cudaStream_t st) {
+  constexpr int STAGES = 3;
+  auto kern = w12_gemm_tc_kernel<NT, VIEW, STAGES>;
+  const int kps = (KB + split - 1) / split;
+  const size_t smem = tc_smem<NT, VIEW>(kps);
+  static size_t set = 0;
+  if (smem > set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = smem;
+  }
+  dim3 grid(NB * 2, (M + 8 * NT - 1) / (8 * NT), split);
+  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+                                        (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
+                                        (float*)ws, (int*)tickets);
+  return cudaGetLastError();
+}
+
 struct Args {
   const void *x, *rec, *expo, *toff, *tent;
   void *y, *ws, *tickets;
@@ -355,5 +586,22 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
   if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
+  return (int)cudaErrorInvalidValue;
+}
+
+// The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// split: CTAs along K (split > 1 needs ws: fp32 [NB·2 · ceil(M / 8nt) · split · 64 · 8nt] and tickets:
+// int32 zeros [NB·2 · ceil(M / 8nt)], left at zero).  Same tensors and preconditions as w12_gemv.
+extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
+                           void* ws, void* tickets, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB) return (int)cudaErrorInvalidValue;
+#define W12_TC(NTV)                                                                                          \
+  if (nt == NTV)                                                                                             \
+    return view ? launch_tc<NTV, true>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st) \
+                : launch_tc<NTV, false>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st);
+  W12_TC(2) W12_TC(4) W12_TC(8) W12_TC(16)
+#undef W12_TC
   return (int)cudaErrorInvalidValue;
 }
