@@ -319,10 +319,10 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // =================================================================================================
 // CTA (cx, mb, z) = 64 output channels (rows r0..r0+63 of record row nb = cx / 2, r0 = 64·(cx % 2)) ×
 // MT = 8·NT rows of X × the records [z·⌈KB/S⌉, …) of split z.  Warp w owns the 16 channels r0 + 16w ..
-// (its tile c = nb·8 + r0/16 + w) and every record of the CTA: its A fragments come from global memory
-// straight into registers (two records in flight, the same lane layout and decode as the skinny kernel),
-// the X fragments from a STAGES-deep cp.async ring in shared memory that the four warps share (one
-// barrier per record).  X rows are 128 bytes; the 16-byte chunk q of row m sits at chunk q ^ (m & 7), so
+// (its tile c = nb·8 + r0/16 + w) and every record of the CTA.  Each record's 64 rows of W bytes (4 KB view
+// + 2 KB nibbles, contiguous in the record) and its X tile go through a STAGES-deep cp.async ring in
+// shared memory (one barrier per record; STAGES − 1 records in flight); a warp reads its A bytes from
+// there (the same lane layout and decode as the skinny kernel) and the X fragments the four warps share.  X rows are 128 bytes; the 16-byte chunk q of row m sits at chunk q ^ (m & 7), so
 // the fragment loads (row 8j + g, chunks 2t and 2t+1) hit eight distinct chunks per quarter-warp.
 // Escapes: while record kb's X tile is in shared memory, each warp adds x[m, col] · (w − w_code) of its
 // tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
@@ -339,29 +339,18 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-template <bool VIEW>
-struct WRegs {  // one record's A-fragment bytes of one warp (rows g, g+8 of its 16 channels, columns 16t..16t+15)
-  uint4 va, vb, na, nb;
-  __device__ __forceinline__ void load(const uint8_t* r, int v0, int v1, int n0, int n1) {
-    va = ld_stream(r + v0);
-    vb = ld_stream(r + v1);
-    if (!VIEW) {
-      na = ld_stream(r + n0);
-      nb = ld_stream(r + n1);
-    }
-  }
-};
-
 template <int NT, bool VIEW, int STAGES>
 __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;
-  constexpr int XST = MT * 128;  // bytes of one X stage
+  constexpr int XST = MT * 128;           // bytes of one X stage
+  constexpr int WST = TC_CH * 96;          // bytes of one W stage: view [64][64], then nibbles [64][32]
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* xs = smem;                                                   // [STAGES][MT][128], swizzled
-  float* corr = reinterpret_cast<float*>(smem + STAGES * XST);          // [4][16][MT]
+  uint8_t* wsm = smem + STAGES * XST;                                   // [STAGES][WST]
+  float* corr = reinterpret_cast<float*>(wsm + STAGES * WST);           // [4][16][MT]
   uint2* s_ent = reinterpret_cast<uint2*>(corr + TC_WARPS * 16 * MT);   // [4][ECAP]
   int* s_toff = reinterpret_cast<int*>(s_ent + TC_WARPS * ECAP);        // [4][kps + 1]
   __shared__ __align__(16) uint8_t s_e[TC_CH];
@@ -374,13 +363,13 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   const uint8_t* base = rec + (size_t)nb * KB * REC;
-  const int rw = r0 + 16 * warp;
+  const int rw = 16 * warp;  // the warp's first row in the W stage
   const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = VIEW_BYTES + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;
 
-  // X stage loader: chunk q (16 bytes) of row m of record kb -> slot, rows ≥ M zero-filled
-  auto load_x = [&](int kb, int slot) {
+  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled) and W of record kb -> slot
+  auto load_stage = [&](int kb, int slot) {
     uint8_t* dst = xs + slot * XST;
     for (int i = tid; i < MT * 8; i += TC_THREADS) {
       const int m = i >> 3, q = i & 7;
@@ -388,17 +377,21 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + q * 8;
       cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
     }
+    // W: rows r0..r0+63 of record (nb, kb): 4 KB of view bytes and 2 KB of nibbles, both contiguous
+    const uint8_t* r = base + (size_t)kb * REC;
+    uint8_t* wd = wsm + slot * WST;
+    for (int i = tid; i < WST / 16; i += TC_THREADS) {
+      const uint8_t* src = i < 256 ? r + r0 * 64 + 16 * i : r + VIEW_BYTES + r0 * 32 + 16 * (i - 256);
+      if (!VIEW || i < 256) cp_async16(wd + 16 * i, src);
+    }
   };
 
-  // ---- prologue: W of the first two records, X of the first STAGES − 1, the warp's escape offsets,
-  // exponents and (after the offsets arrive) its first ECAP entries
-  WRegs<VIEW> wa, wb;
-  if (nrec > 0) wa.load(base + (size_t)a * REC, v0, v1, n0, n1);
-  if (nrec > 1) wb.load(base + (size_t)(a + 1) * REC, v0, v1, n0, n1);
+  // ---- prologue: W and X of the first STAGES − 1 records, the warp's escape offsets, exponents and
+  // (after the offsets arrive) its first ECAP entries
   if (tid < TC_CH / 16) cp_async16(s_e + 16 * tid, expo + nb * 128 + r0 + 16 * tid);  // in group 0, with X of record a
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nrec) load_x(a + s, s);
+    if (s < nrec) load_stage(a + s, s);
     cp_async_commit();
   }
   int e_lo = 0, e_hi = 0;
@@ -419,18 +412,25 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
   // ---- one record: wait for its X stage, refill the ring, MMAs, this record's escapes
-  auto step = [&](int i, WRegs<VIEW>& w) {
+  auto step = [&](int i) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // X of record a + i visible to all; everyone is done with the slot refilled below
-    if (i + STAGES - 1 < nrec) load_x(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+    if (i + STAGES - 1 < nrec) load_stage(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
     cp_async_commit();
     const uint8_t* xsl = xs + (i % STAGES) * XST;
+    const uint8_t* wsl = wsm + (i % STAGES) * WST;
+    const uint4 va = *reinterpret_cast<const uint4*>(wsl + v0), vb = *reinterpret_cast<const uint4*>(wsl + v1);
+    uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+    if (!VIEW) {
+      na = *reinterpret_cast<const uint4*>(wsl + n0);
+      nbw = *reinterpret_cast<const uint4*>(wsl + n1);
+    }
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       uint32_t a0, a1, a2, a3;
-      const uint32_t nwa = VIEW ? 0u : word(w.na, s) >> nsh, nwb = VIEW ? 0u : word(w.nb, s) >> nsh;
-      decode4<VIEW>(word(w.va, s), nwa, a0, a2);
-      decode4<VIEW>(word(w.vb, s), nwb, a1, a3);
+      const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
+      decode4<VIEW>(word(va, s), nwa, a0, a2);
+      decode4<VIEW>(word(vb, s), nwb, a1, a3);
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         // X row 8j + g, columns 16t + 4s .. : words 2(s&1), 2(s&1)+1 of chunk 2t + (s >> 1)
@@ -453,14 +453,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       }
     }
   };
-  for (int i = 0; i < nrec; i += 2) {
-    step(i, wa);
-    if (i + 2 < nrec) wa.load(base + (size_t)(a + i + 2) * REC, v0, v1, n0, n1);
-    if (i + 1 < nrec) {
-      step(i + 1, wb);
-      if (i + 3 < nrec) wb.load(base + (size_t)(a + i + 3) * REC, v0, v1, n0, n1);
-    }
-  }
+  for (int i = 0; i < nrec; ++i) step(i);
   cp_async_wait<0>();
   __syncthreads();  // the X ring is free: reuse it for the warps' sums
 
@@ -517,20 +510,26 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   }
 }
 
-template <int NT, bool VIEW>
+// ring depth: as deep as two CTAs per SM allow (the W bytes in flight are what M ≤ 32 needs)
+template <int NT>
+constexpr int tc_stages() {
+  return NT >= 16 ? 3 : NT == 8 ? 4 : 6;
+}
+
+template <int NT>
 size_t tc_smem(int kps) {
-  constexpr int STAGES = 3;
-  return (size_t)STAGES * 8 * NT * 128 + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 + TC_WARPS * (kps + 1) * 4;
+  constexpr int STAGES = tc_stages<NT>();
+  return (size_t)STAGES * (8 * NT * 128 + TC_CH * 96) + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 +
+         TC_WARPS * (kps + 1) * 4;
 }
 
 template <int NT, bool VIEW>
 cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       cudaStream_t st) {
-  constexpr int STAGES = 3;
-  auto kern = w12_gemm_tc_kernel<NT, VIEW, STAGES>;
+  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>()>;
   const int kps = (KB + split - 1) / split;
-  const size_t smem = tc_smem<NT, VIEW>(kps);
+  const size_t smem = tc_smem<NT>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
