@@ -331,9 +331,13 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // skinny kernel (partials in ws, tickets, fixed order).
 constexpr int TC_WARPS = 4, TC_THREADS = 128, TC_CH = 64, ECAP = 256;
 
+// X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
                "l"(gmem), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -382,7 +386,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     uint8_t* wd = wsm + slot * WST;
     for (int i = tid; i < WST / 16; i += TC_THREADS) {
       const uint8_t* src = i < 256 ? r + r0 * 64 + 16 * i : r + VIEW_BYTES + r0 * 32 + 16 * (i - 256);
-      if (!VIEW || i < 256) cp_async16(wd + 16 * i, src);
+      if (!VIEW || i < 256) cp_async16_cg(wd + 16 * i, src);
     }
   };
 
