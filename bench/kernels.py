@@ -441,6 +441,9 @@ def main():
             c_cb = bench(lambda: torch.matmul(x, wb.t()), clean=True)
             c_w = bench(lambda: mt.op(x), clean=True)
             c_v = bench(lambda: mt.op(x, view=True), clean=True)
+            t_sk = None
+            if 8 < m <= 64 and gc.usable(x, mt.records, mt.exps):  # the skinny kernel where the tensor-core one runs
+                t_sk = bench(lambda: mt.run(x, cuda=gc.pick_config(m, n, k)))
             c = g.pick_config(m, n, k)
             if gc.usable(x, mt.records, mt.exps) and m <= gc.SKINNY_MAX_M:
                 cc = gc.pick_config(m, n, k)
@@ -453,7 +456,12 @@ def main():
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
                              c_cublas=c_cb, c_w12=c_w, c_view=c_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
-                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c))
+                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, skinny=t_sk))
+    print("skinny vs tensor-core kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | tc | skinny")
+    for r in rows:
+        if r.get("skinny"):
+            print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}) | "
+                  f"{r['skinny']:.1f} ({r['cublas'] / r['skinny']:.2f})")
     write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start, diag)
 
 
