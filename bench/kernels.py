@@ -184,8 +184,8 @@ class Mat:
                         config=cfg, use_ptx=use_ptx)
 
     def op(self, x, view=False):
-        """What the custom op runs for x (CUDA kernels for M <= 128 on Hopper: skinny up to 8 rows, tensor-core
-        above; else Triton)."""
+        """What the custom op runs for x (CUDA kernels for M <= 64 on Hopper: skinny or tensor-core by
+        gemm_cuda.use_tc; else Triton)."""
         if gc.usable(x, self.records, self.exps):
             return gc.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols, view=view)
         return self.run(x, view=view)
@@ -441,11 +441,12 @@ def main():
             c_cb = bench(lambda: torch.matmul(x, wb.t()), clean=True)
             c_w = bench(lambda: mt.op(x), clean=True)
             c_v = bench(lambda: mt.op(x, view=True), clean=True)
-            t_sk = None
-            if 8 < m <= 64 and gc.usable(x, mt.records, mt.exps):  # the skinny kernel where the tensor-core one runs
-                t_sk = bench(lambda: mt.run(x, cuda=gc.pick_config(m, n, k)))
+            t_sk = None  # the CUDA kernel the dispatcher did not pick (skinny or tensor-core)
+            if 8 < m <= 64 and gc.usable(x, mt.records, mt.exps):  # the other CUDA kernel than the dispatcher's
+                alt = gc.pick_config(m, n, k) if gc.use_tc(m, n) else gc.pick_tc_config(m, n, k)
+                t_sk = bench(lambda: mt.run(x, cuda=alt))
             c = g.pick_config(m, n, k)
-            if gc.usable(x, mt.records, mt.exps) and m <= gc.SKINNY_MAX_M:
+            if gc.usable(x, mt.records, mt.exps) and not gc.use_tc(m, n):
                 cc = gc.pick_config(m, n, k)
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
             elif gc.usable(x, mt.records, mt.exps):
@@ -457,11 +458,11 @@ def main():
                              c_cublas=c_cb, c_w12=c_w, c_view=c_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
                              tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, skinny=t_sk))
-    print("skinny vs tensor-core kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | tc | skinny")
+    print("dispatched vs the other CUDA kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched (config) | other")
     for r in rows:
         if r.get("skinny"):
-            print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}) | "
-                  f"{r['skinny']:.1f} ({r['cublas'] / r['skinny']:.2f})")
+            print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}, "
+                  f"{r['cfg']}) | {r['skinny']:.1f} ({r['cublas'] / r['skinny']:.2f})")
     write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start, diag)
 
 

@@ -17,8 +17,7 @@ import torch
 
 from . import cuda_build
 
-MAX_M = 128  # the CUDA kernels' reach: the skinny kernel for M ≤ SKINNY_MAX_M, the tensor-core one above
-SKINNY_MAX_M = 8
+MAX_M = 64  # the CUDA kernels' reach (above: the Triton kernel, as fast as w12_gemm_tc at M = 128 on the H200)
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,13 @@ class TcConfig:
     """The tensor-core kernel (w12_gemm_tc_kernel: 64 channels × 8·nt X rows per CTA, X shared in shared memory)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
+
+
+def use_tc(m: int, n: int) -> bool:
+    """Where the tensor-core kernel beat the skinny one on the H200 (2026-11-29-kernels-cuda-h200-tc.md, do_bench):
+    M ≥ 48 with N ≥ 16384 (gate_up, LM heads: 1.1–1.5×) and M ≥ 32 with N ≥ 100000 (LM heads: 1.1–1.2×); the
+    skinny kernel everywhere else (M ≤ 16 always: 1.0–1.5× faster there)."""
+    return (m > 32 and n >= 16384) or (m > 16 and n >= 100000)
 
 
 def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
@@ -239,7 +245,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
     if config is None:
-        config = pick_config(m, n, k, view) if m <= SKINNY_MAX_M else pick_tc_config(m, n, k)
+        config = pick_tc_config(m, n, k) if use_tc(m, n) else pick_config(m, n, k, view)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     cfg = config

@@ -4,7 +4,8 @@
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
 x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA tensors with M ≤ 64 on a Hopper GPU run
-the CUDA skinny GEMM (kernels/w12_gemv.cu via gemm_cuda.py), other CUDA calls the Triton kernels, each
+a CUDA kernel of kernels/w12_gemv.cu (the skinny or the tensor-core GEMM, gemm_cuda.use_tc), other CUDA
+calls the Triton kernels, each
 with a config picked from a table by shape (no autotuning, no host sync); other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.

@@ -1,6 +1,6 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
-// registers straight into mma.sync fragments: the skinny kernel (below; the host uses it for M ≤ 8, it takes
-// M ≤ 64) and the tensor-core kernel for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel, further down).  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// registers straight into mma.sync fragments: the skinny kernel (below; M ≤ 64) and the tensor-core kernel
+// (w12_gemm_tc_kernel, further down; 9 ≤ M ≤ 128).  gemm_cuda.use_tc says which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
 // Work split

@@ -22,6 +22,17 @@ def test_table_hit_and_rule():
     assert gc.pick_config(40, 999 * 128, 4096).nt == 8
 
 
+def test_kernel_choice():
+    """Skinny kernel up to 16 rows and for small N; the tensor-core kernel for wide matrices at 33-64 rows and
+    LM-head-sized ones from 17 rows (where each measured faster); nt covers M, split fills the GPU."""
+    assert not gc.use_tc(16, 151936) and not gc.use_tc(64, 4096) and not gc.use_tc(32, 28672)
+    assert gc.use_tc(48, 28672) and gc.use_tc(32, 128256) and gc.use_tc(64, 51200)
+    assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)
+    c = gc.pick_tc_config(20, 4096, 4096)
+    assert c.nt == 4 and c.split == 4  # 64 CTAs -> split 4 (>= 8 records each)
+    assert gc.pick_tc_config(64, 1024, 512).split == 1  # 8 records: no split
+
+
 def test_table_override(tmp_path, monkeypatch):
     p = tmp_path / "t.py"
     p.write_text("TABLE = {\n    (777, 64, 8, False): CudaConfig(1, 4, 2, 1),\n}\n")
