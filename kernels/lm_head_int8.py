@@ -123,6 +123,8 @@ MUL_PAD = 1.0 + 2.0 ** -16
 MAX_K = 1 << 20
 CUDA_CAP = 256        # listed candidates per token on the CUDA path (more: still exact, flagged fallback)
 CUDA_MAX_TOKENS = 4   # the INT8 pass reads the copy once per 4 tokens: above this the plain head is faster
+# (at one token the pass gives each warp 4 rows, so one x load from shared memory serves 4 rows; the
+# environment variable W12_LMH_M1 = 10·rows + steps in flight picks another shape, for measurements only)
 CUDA_MAX_K = 12288    # the CUDA kernels stage 4 tokens of x in fp32 in shared memory (≤ 192 KB)
 
 
