@@ -28,9 +28,13 @@ class CudaConfig:
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
 
 
+TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
+
+
 @dataclass(frozen=True)
 class TcConfig:
-    """The tensor-core kernel (w12_gemm_tc_kernel: 64 channels × 8·nt X rows per CTA, X shared in shared memory)."""
+    """The tensor-core kernel (w12_gemm_tc_kernel: TC_CHANNELS channels × 8·nt X rows per CTA, X shared in
+    shared memory)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
 
@@ -45,7 +49,7 @@ def use_tc(m: int, n: int) -> bool:
 def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
     """nt: the smallest that holds M; split K until the grid has ~2 CTAs per SM (132 SMs), ≥ 8 records each."""
     nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
-    ctas, kb, split = (n + 127) // 128 * 2 * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
+    ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
     while ctas * split * 2 <= 264 and kb // (2 * split) >= 8:
         split *= 2
     return TcConfig(nt, split)
@@ -250,8 +254,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     cfg = config
     if isinstance(cfg, TcConfig):
-        tiles = nb * 2 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 64 * 8 * cfg.nt)
+        tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), stream)

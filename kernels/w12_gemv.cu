@@ -317,10 +317,10 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // =================================================================================================
 // W12 GEMM for 9 ≤ M ≤ 128 (tensor cores, X shared through shared memory)
 // =================================================================================================
-// CTA (cx, mb, z) = 64 output channels (rows r0..r0+63 of record row nb = cx / 2, r0 = 64·(cx % 2)) ×
+// CTA (cx, mb, z) = TC_CH = 16·TC_WARPS output channels (rows r0.. of record row nb = cx / (128 / TC_CH)) ×
 // MT = 8·NT rows of X × the records [z·⌈KB/S⌉, …) of split z.  Warp w owns the 16 channels r0 + 16w ..
-// (its tile c = nb·8 + r0/16 + w) and every record of the CTA.  Each record's 64 rows of W bytes (4 KB view
-// + 2 KB nibbles, contiguous in the record) and its X tile go through a STAGES-deep cp.async ring in
+// (its tile c = nb·8 + r0/16 + w) and every record of the CTA.  Each record's TC_CH rows of W bytes (view
+// and nibbles, each contiguous in the record) and its X tile go through a STAGES-deep cp.async ring in
 // shared memory (one barrier per record; STAGES − 1 records in flight); a warp reads its A bytes from
 // there (the same lane layout and decode as the skinny kernel) and the X fragments the four warps share.  X rows are 128 bytes; the 16-byte chunk q of row m sits at chunk q ^ (m & 7), so
 // the fragment loads (row 8j + g, chunks 2t and 2t+1) hit eight distinct chunks per quarter-warp.
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
 // added in the epilogue from global memory, after the others: still list order).  Split K as in the
 // skinny kernel (partials in ws, tickets, fixed order).
-constexpr int TC_WARPS = 4, TC_THREADS = 128, TC_CH = 64, ECAP = 256;
+constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
 
 // X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;
   constexpr int XST = MT * 128;           // bytes of one X stage
-  constexpr int WST = TC_CH * 96;          // bytes of one W stage: view [64][64], then nibbles [64][32]
+  constexpr int WST = TC_CH * 96;          // bytes of one W stage: view [TC_CH][64], then nibbles [TC_CH][32]
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* xs = smem;                                                   // [STAGES][MT][128], swizzled
   uint8_t* wsm = smem + STAGES * XST;                                   // [STAGES][WST]
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nb = blockIdx.x >> 1, r0 = (blockIdx.x & 1) * 64, m0 = blockIdx.y * MT;
+  const int nb = blockIdx.x / (128 / TC_CH), r0 = (blockIdx.x % (128 / TC_CH)) * TC_CH, m0 = blockIdx.y * MT;
   const int c = nb * 8 + r0 / 16 + warp;  // this warp's 16-channel tile
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
@@ -385,8 +385,8 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     const uint8_t* r = base + (size_t)kb * REC;
     uint8_t* wd = wsm + slot * WST;
     for (int i = tid; i < WST / 16; i += TC_THREADS) {
-      const uint8_t* src = i < 256 ? r + r0 * 64 + 16 * i : r + VIEW_BYTES + r0 * 32 + 16 * (i - 256);
-      if (!VIEW || i < 256) cp_async16_cg(wd + 16 * i, src);
+      const uint8_t* src = i < 4 * TC_CH ? r + r0 * 64 + 16 * i : r + VIEW_BYTES + r0 * 32 + 16 * (i - 4 * TC_CH);
+      if (!VIEW || i < 4 * TC_CH) cp_async16_cg(wd + 16 * i, src);
     }
   };
 
@@ -462,7 +462,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   __syncthreads();  // the X ring is free: reuse it for the warps' sums
 
   // ---- epilogue: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP), per warp; split K; store
-  float* red = reinterpret_cast<float*>(xs) + warp * 16 * MT;  // [16][MT] of this warp
+  float* red = reinterpret_cast<float*>(xs) + warp * 16 * MT;  // [16][MT] of this warp (the X and W rings)
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     red[g * MT + 8 * j + 2 * t] = acc[j][0];
@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     }
   }
   const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-  float* cta_red = reinterpret_cast<float*>(xs);  // [4 · 16][MT]: row 16w + r
+  float* cta_red = reinterpret_cast<float*>(xs);  // [TC_CH][MT]: row 16w + r
   if (S > 1) {
     __syncthreads();
     float* part = ws + (size_t)tile * S * TC_CH * MT;
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
 // ring depth: as deep as two CTAs per SM allow (the W bytes in flight are what M ≤ 32 needs)
 template <int NT>
 constexpr int tc_stages() {
-  return NT >= 16 ? 3 : NT == 8 ? 4 : 6;
+  return NT >= 8 ? 3 : 4;
 }
 
 template <int NT>
@@ -540,7 +540,7 @@ cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void
     if (e != cudaSuccess) return e;
     set = smem;
   }
-  dim3 grid(NB * 2, (M + 8 * NT - 1) / (8 * NT), split);
+  dim3 grid(NB * (128 / TC_CH), (M + 8 * NT - 1) / (8 * NT), split);
   kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
                                         (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
                                         (float*)ws, (int*)tickets);
@@ -593,8 +593,8 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// split: CTAs along K (split > 1 needs ws: fp32 [NB·2 · ceil(M / 8nt) · split · 64 · 8nt] and tickets:
-// int32 zeros [NB·2 · ceil(M / 8nt)], left at zero).  Same tensors and preconditions as w12_gemv.
+// split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
+// tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
                            void* ws, void* tickets, void* stream) {

@@ -29,7 +29,7 @@ def test_kernel_choice():
     assert gc.use_tc(48, 28672) and gc.use_tc(32, 128256) and gc.use_tc(64, 51200)
     assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)
     c = gc.pick_tc_config(20, 4096, 4096)
-    assert c.nt == 4 and c.split == 4  # 64 CTAs -> split 4 (>= 8 records each)
+    assert c.nt == 4 and c.split == 8  # 32 CTAs of 128 channels -> split 8 (8 records each)
     assert gc.pick_tc_config(64, 1024, 512).split == 1  # 8 records: no split
 
 
