@@ -40,10 +40,10 @@ class TcConfig:
 
 
 def use_tc(m: int, n: int) -> bool:
-    """Where the tensor-core kernel beat the skinny one on the H200 (2026-11-29-kernels-cuda-h200-tc.md, do_bench):
-    M ≥ 48 with N ≥ 16384 (gate_up, LM heads: 1.1–1.5×) and M ≥ 32 with N ≥ 100000 (LM heads: 1.1–1.2×); the
-    skinny kernel everywhere else (M ≤ 16 always: 1.0–1.5× faster there)."""
-    return (m > 32 and n >= 16384) or (m > 16 and n >= 100000)
+    """Where the tensor-core kernel (128 channels per CTA) beat the skinny one on the H200
+    (2026-11-29-kernels-cuda-h200-tc128.md, do_bench): from 17 rows on matrices with N ≥ 28672 (gate_up,
+    LM heads: 1.0–1.6×); the skinny kernel elsewhere (1.0–1.4× faster on the narrow shapes)."""
+    return m > 16 and n >= 28672
 
 
 def pick_tc_config(m: int, n: int, k: int) -> TcConfig:

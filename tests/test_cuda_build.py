@@ -23,10 +23,10 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice():
-    """Skinny kernel up to 16 rows and for small N; the tensor-core kernel for wide matrices at 33-64 rows and
-    LM-head-sized ones from 17 rows (where each measured faster); nt covers M, split fills the GPU."""
-    assert not gc.use_tc(16, 151936) and not gc.use_tc(64, 4096) and not gc.use_tc(32, 28672)
-    assert gc.use_tc(48, 28672) and gc.use_tc(32, 128256) and gc.use_tc(64, 51200)
+    """Skinny kernel up to 16 rows and for narrow matrices; the tensor-core kernel from 17 rows on wide ones
+    (where each measured faster); nt covers M, split fills the GPU."""
+    assert not gc.use_tc(16, 151936) and not gc.use_tc(64, 4096) and not gc.use_tc(32, 14336)
+    assert gc.use_tc(32, 28672) and gc.use_tc(17, 128256) and gc.use_tc(64, 51200)
     assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)
     c = gc.pick_tc_config(20, 4096, 4096)
     assert c.nt == 4 and c.split == 8  # 32 CTAs of 128 channels -> split 8 (8 records each)
