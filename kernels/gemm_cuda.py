@@ -248,11 +248,9 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         toff = tent = _p(exponents)  # unused by the view kernel
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
-    if config is None:
-        config = pick_tc_config(m, n, k) if use_tc(m, n) else pick_config(m, n, k, view)
+    cfg = config or (pick_tc_config(m, n, k) if use_tc(m, n) else pick_config(m, n, k, view))
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
-    cfg = config
     if isinstance(cfg, TcConfig):
         tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
