@@ -280,7 +280,9 @@ def main():
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
-                    gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16)):
+                    gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16),
+                    gc.TcConfig(2, 1, True), gc.TcConfig(4, 2, True), gc.TcConfig(8, 3, True), gc.TcConfig(16, 1, True),
+                    gc.TcConfig(16, 2, True)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -313,6 +315,11 @@ def main():
                 err["w12_portable"] = max(err["w12_portable"], rel(mt.run(x, use_ptx=False), ref))
             for _ in range(9):
                 err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
+            if cuda_ok and m > 8:  # the wgmma tensor-core kernel (timed in its own column)
+                cw = gc.pick_tc_config(m, n, k, wg=True)
+                y1, yq1 = mt.run(x, cuda=cw), mt.run(x, view=True, cuda=cw)
+                err["wg"] = max(err.get("wg", 0.0), rel(y1, ref), rel(yq1, refq))
+                err["det"] &= all(torch.equal(mt.run(x, cuda=cw), y1) for _ in range(3))
             if args.cuda_sweep and cuda_ok and m <= 64:
                 for cfg in cuda_candidates(m):
                     y1 = mt.run(x, cuda=cfg)
@@ -324,8 +331,9 @@ def main():
         checks[(n, k)] = err
         mats[(n, k)] = mt
         print(f"check {n}x{k}: nnz={mt.nnz} max rel err w12 {err['w12']:.2e} triton {err['triton']:.2e} view {err['view']:.2e} "
+              f"wgmma {err.get('wg', 0.0):.2e} "
               f"portable {err['w12_portable']:.2e} bitwise-deterministic x10 {err['det']}")
-        assert err["w12"] < 1e-2 and err["view"] < 1e-2 and err["det"], "correctness check failed"
+        assert err["w12"] < 1e-2 and err["view"] < 1e-2 and err.get("wg", 0.0) < 1e-2 and err["det"], "correctness check failed"
     torch.cuda.empty_cache()
 
     # ---- 2c. CUDA graph capture and torch.compile of the op
@@ -440,6 +448,11 @@ def main():
             if 8 < m <= 64 and gc.usable(x, mt.records, mt.exps):  # the other CUDA kernel than the dispatcher's
                 alt = gc.pick_config(m, n, k) if gc.use_tc(m, n) else gc.pick_tc_config(m, n, k)
                 t_other = bench(lambda: mt.run(x, cuda=alt))
+            t_wg = t_wgv = None  # the wgmma tensor-core kernel, W12 and view
+            if m > 8 and cuda_ok:
+                cw = gc.pick_tc_config(m, n, k, wg=True)
+                t_wg = bench(lambda: mt.run(x, cuda=cw))
+                t_wgv = bench(lambda: mt.run(x, view=True, cuda=cw))
             c = g.pick_config(m, n, k)
             if gc.usable(x, mt.records, mt.exps) and not gc.use_tc(m, n):
                 cc = gc.pick_config(m, n, k)
@@ -452,12 +465,22 @@ def main():
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
                              c_cublas=c_cb, c_w12=c_w, c_view=c_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
-                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, other=t_other))
+                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, other=t_other, wg=t_wg, wgv=t_wgv))
     print("dispatched vs the other CUDA kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched (config) | other")
     for r in rows:
         if r.get("other"):
             print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}, "
                   f"{r['cfg']}) | {r['other']:.1f} ({r['cublas'] / r['other']:.2f})")
+    print("wgmma tensor-core kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched | wgmma W12 | wgmma view")
+    for r in rows:
+        if r.get("wg"):
+            print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}) | "
+                  f"{r['wg']:.1f} ({r['cublas'] / r['wg']:.2f}) | {r['wgv']:.1f} ({r['cublas'] / r['wgv']:.2f})")
+    for m in sorted({r["m"] for r in rows if r.get("wg")}):
+        sel = [r for r in rows if r["m"] == m and r.get("wg")]
+        print(f"  M={m}: geomean W12 dispatched {geo([r['cublas'] / r['w12'] for r in sel]):.3f}, wgmma "
+              f"{geo([r['cublas'] / r['wg'] for r in sel]):.3f} (min {min(r['cublas'] / r['wg'] for r in sel):.3f}), "
+              f"wgmma view {geo([r['cublas'] / r['wgv'] for r in sel]):.3f}")
     write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start, diag)
 
 

@@ -37,6 +37,7 @@ class TcConfig:
     shared memory)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
+    wg: bool = False  # wgmma (X read by the tensor cores from shared memory, once per 64 channels) instead of mma.sync
 
 
 def use_tc(m: int, n: int) -> bool:
@@ -46,13 +47,13 @@ def use_tc(m: int, n: int) -> bool:
     return m > 16 and n >= 28672
 
 
-def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
+def pick_tc_config(m: int, n: int, k: int, wg: bool = False) -> TcConfig:
     """nt: the smallest that holds M; split K until the grid has ~2 CTAs per SM (132 SMs), ≥ 8 records each."""
     nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
     ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
     while ctas * split * 2 <= 264 and kb // (2 * split) >= 8:
         split *= 2
-    return TcConfig(nt, split)
+    return TcConfig(nt, split, wg)
 
 
 def _nt_for(m: int) -> int:
@@ -256,7 +257,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), stream)
+            int(view), cfg.nt, cfg.split, int(cfg.wg), _p(ws), _p(tk), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

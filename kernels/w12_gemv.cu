@@ -343,7 +343,87 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-template <int NT, bool VIEW, int STAGES>
+// ---- wgmma (sm_90a): D[64 channels, MT] += A[64, 16] · B[16, MT], A = the 4 warps' decoded fragments in
+// registers (the mma.m16n8k16 A layout per warp: warp w of the group holds channels 16w..16w+15), B = the X
+// stage in shared memory, K-major rows of 128 bytes with the 128-byte swizzle (chunk q of row m at q ^ (m & 7),
+// the layout above; stage base 1024-byte aligned).  Descriptor: start >> 4 | LBO 16 >> 4 << 16 | SBO 1024 >> 4
+// << 32 (8 rows of 128 B per swizzle atom) | swizzle 128 B (1 << 62); k-step s starts 32·s bytes into the row.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+               "l"(gmem), "r"(ok ? 4 : 0));
+}
+
+// Pins the accumulator registers at this point of the program (no copy of them is taken across a wgmma wait).
+template <int NT>
+__device__ __forceinline__ void fence_acc(float (&d)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(d[j][k])::"memory");
+}
+
+// One wgmma.m64n(8·NT)k16 with A from registers; the operand lists are written out per N.
+template <int NT>
+__device__ __forceinline__ void wgmma_k16(float (&d)[NT][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_k16<2>(float (&d)[2][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<4>(float (&d)[4][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<8>(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<16>(float (&d)[16][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+// Byte offset of X[m, col] (col < 64) in an X stage.  mma.sync layout: 16-byte chunk col/8 of row m at chunk
+// (col/8) ^ (m & 7).  wgmma layout: the lane (g, t) of k-step s holds the columns 16t + 4s + {0,1,2,3} at the
+// MMA's k positions 2t, 2t+1, 2t+8, 2t+9 (the skinny kernel's order, one 16-byte load per lane), and wgmma
+// reads B in k order, so the column pair P = col/2 = 8t + 2s + h (h = 0: k 2t, h = 1: k 2t+8) is stored at
+// k-step s, k-pair t + 4h: logical word d = 8s + t + 4h, i.e. chunk 2s + h, word t; then the same swizzle.
+template <bool WG>
+__device__ __forceinline__ int x_off(int m, int col) {
+  if (!WG) return m * 128 + ((((col >> 3) ^ (m & 7))) << 4) + 2 * (col & 7);
+  const int P = col >> 1, t = P >> 3, s = (P >> 1) & 3, h = P & 1;
+  return m * 128 + (((2 * s + h) ^ (m & 7)) << 4) + 4 * t + 2 * (col & 1);
+}
+
+template <int NT, bool VIEW, int STAGES, bool WG>
 __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -351,7 +431,9 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   constexpr int MT = 8 * NT;
   constexpr int XST = MT * 128;           // bytes of one X stage
   constexpr int WST = TC_CH * 96;          // bytes of one W stage: view [TC_CH][64], then nibbles [TC_CH][32]
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // the X ring starts 1024-byte aligned in the shared window (wgmma's swizzle atoms; tc_smem adds the slack)
+  uint8_t* smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   uint8_t* xs = smem;                                                   // [STAGES][MT][128], swizzled
   uint8_t* wsm = smem + STAGES * XST;                                   // [STAGES][WST]
   float* corr = reinterpret_cast<float*>(wsm + STAGES * WST);           // [4][16][MT]
@@ -375,11 +457,20 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled) and W of record kb -> slot
   auto load_stage = [&](int kb, int slot) {
     uint8_t* dst = xs + slot * XST;
-    for (int i = tid; i < MT * 8; i += TC_THREADS) {
-      const int m = i >> 3, q = i & 7;
-      const bool ok = m0 + m < M;
-      const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + q * 8;
-      cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
+    if (WG) {  // column pairs to their wgmma k positions (x_off): 4-byte copies
+      for (int i = tid; i < MT * 32; i += TC_THREADS) {
+        const int m = i >> 5, P = i & 31;
+        const bool ok = m0 + m < M;
+        const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + 2 * P;
+        cp_async4_zfill(dst + x_off<true>(m, 2 * P), src, ok);
+      }
+    } else {
+      for (int i = tid; i < MT * 8; i += TC_THREADS) {
+        const int m = i >> 3, q = i & 7;
+        const bool ok = m0 + m < M;
+        const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + q * 8;
+        cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
+      }
     }
     // W: rows r0..r0+63 of record (nb, kb): 4 KB of view bytes and 2 KB of nibbles, both contiguous
     const uint8_t* r = base + (size_t)kb * REC;
@@ -415,9 +506,26 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
+  // this warp's escapes of record a + i, from the staged X: corr[r][m] += x[m, col] · (w − w_code), list order
+  auto escapes = [&](int i, const uint8_t* xsl) {
+    if (VIEW) return;
+    const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, ECAP);
+    for (int e = i0; e < i1; ++e) {
+      const uint2 en = s_ent[warp * ECAP + e];
+      const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+      for (int m = lane; m < MT; m += 32) {
+        const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + x_off<WG>(m, col));
+        my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), d, my_corr[rl * MT + m]);
+      }
+    }
+  };
+
   // ---- one record: wait for its X stage, refill the ring, MMAs, this record's escapes
   auto step = [&](int i) {
     cp_async_wait<STAGES - 2>();
+    if (WG) fence_proxy_async();  // this thread's copies of record a + i, visible to wgmma
     __syncthreads();  // X of record a + i visible to all; everyone is done with the slot refilled below
     if (i + STAGES - 1 < nrec) load_stage(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
     cp_async_commit();
@@ -429,8 +537,27 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       na = *reinterpret_cast<const uint4*>(wsl + n0);
       nbw = *reinterpret_cast<const uint4*>(wsl + n1);
     }
+    if (WG) {  // the four k-steps' fragments, four wgmma (B = the X stage at k-step s: 32·s bytes in), the
+      // escapes while they run, then wait (so the slot is free at the next barrier; waiting one step later
+      // instead made ptxas serialize the wgmma: the escape loop then sat inside the pipeline stage)
+      uint32_t fa[4][4];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+      for (int s = 0; s < 4; ++s) {
+        const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
+        decode4<VIEW>(word(va, s), nwa, fa[s][0], fa[s][2]);
+        decode4<VIEW>(word(vb, s), nwb, fa[s][1], fa[s][3]);
+      }
+      const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xsl);
+      fence_acc(acc);
+      wg_fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xa + 32 * s));
+      wg_commit();
+      escapes(i, xsl);
+      wg_wait0();
+    }
+#pragma unroll
+    for (int s = 0; s < (WG ? 0 : 4); ++s) {
       uint32_t a0, a1, a2, a3;
       const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
       decode4<VIEW>(word(va, s), nwa, a0, a2);
@@ -443,21 +570,10 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
         mma16816(acc[j], a0, a1, a2, a3, q.x, q.y);
       }
     }
-    if (!VIEW) {
-      const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, ECAP);
-      for (int e = i0; e < i1; ++e) {
-        const uint2 en = s_ent[warp * ECAP + e];
-        const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
-        const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
-        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
-        for (int m = lane; m < MT; m += 32) {
-          const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + m * 128 + ((((col >> 3) ^ (m & 7))) << 4) + 2 * (col & 7));
-          my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), d, my_corr[rl * MT + m]);
-        }
-      }
-    }
+    if (!WG) escapes(i, xsl);
   };
   for (int i = 0; i < nrec; ++i) step(i);
+  if (WG) fence_acc(acc);  // the accumulators are read only after the last wait
   cp_async_wait<0>();
   __syncthreads();  // the X ring is free: reuse it for the warps' sums
 
@@ -523,15 +639,15 @@ constexpr int tc_stages() {
 template <int NT>
 size_t tc_smem(int kps) {
   constexpr int STAGES = tc_stages<NT>();
-  return (size_t)STAGES * (8 * NT * 128 + TC_CH * 96) + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 +
+  return 1024 + (size_t)STAGES * (8 * NT * 128 + TC_CH * 96) + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 +
          TC_WARPS * (kps + 1) * 4;
 }
 
-template <int NT, bool VIEW>
+template <int NT, bool VIEW, bool WG>
 cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       cudaStream_t st) {
-  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>()>;
+  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>(), WG>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = tc_smem<NT>(kps);
   static size_t set = 0;
@@ -593,18 +709,20 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// wg: 1 = wgmma (one per k-step and warpgroup, X read by the tensor cores from shared memory), 0 = mma.sync;
 // split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
 // tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* stream) {
+                           int wg, void* ws, void* tickets, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB) return (int)cudaErrorInvalidValue;
-#define W12_TC(NTV)                                                                                          \
-  if (nt == NTV)                                                                                             \
-    return view ? launch_tc<NTV, true>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st) \
-                : launch_tc<NTV, false>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st);
-  W12_TC(2) W12_TC(4) W12_TC(8) W12_TC(16)
+#define W12_TC(NTV, V, G) \
+  if (nt == NTV && !!view == V && !!wg == G) \
+    return launch_tc<NTV, V, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st);
+#define W12_TC4(V, G) W12_TC(2, V, G) W12_TC(4, V, G) W12_TC(8, V, G) W12_TC(16, V, G)
+  W12_TC4(false, false) W12_TC4(true, false) W12_TC4(false, true) W12_TC4(true, true)
+#undef W12_TC4
 #undef W12_TC
   return (int)cudaErrorInvalidValue;
 }
