@@ -1,0 +1,121 @@
+"""Hardware counters of the W12 CUDA kernels next to cuBLAS, for a few shapes (Nsight Compute).
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section Occupancy --section LaunchStats -o prof python bench/profile_kernels.py 2> names.txt
+    ncu --import prof.ncu-rep --csv --page details > details.csv; ncu --import prof.ncu-rep --csv --page raw > raw.csv
+    python bench/profile_kernels.py --summarize details.csv --raw raw.csv --names names.txt
+
+Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
+starts, then launched once inside cudaProfilerStart/Stop, in the order of VARIANTS (printed to stderr),
+so the n-th profiled kernel is the n-th variant.
+"""
+
+import argparse
+import csv
+import os
+import sys
+
+import torch
+
+
+def variants():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernels import Mat, rel  # bench/kernels.py
+
+    from w12.kernels import gemm_cuda as gc
+
+    out = []
+    for (n, k), ms in (((4096, 4096), (1, 128)), ((28672, 4096), (1, 32))):
+        mt = Mat(n, k, 7)
+        wf = mt.w.float()
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            ref = x.float() @ wf.t()
+            cands = [("cuBLAS", lambda x=x, mt=mt: torch.matmul(x, mt.w.t()))]
+            if m <= 64:
+                cands.append((f"skinny {gc.pick_config(m, n, k)}", lambda x=x, mt=mt, c=gc.pick_config(m, n, k): mt.run(x, cuda=c)))
+                cands.append((f"skinny view", lambda x=x, mt=mt, c=gc.pick_config(m, n, k, True): mt.run(x, view=True, cuda=c)))
+            if m > 8:
+                for wg in (False, True):
+                    c = gc.pick_tc_config(m, n, k, wg=wg)
+                    cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+            for name, fn in cands:
+                y = fn()
+                if "view" not in name:
+                    e = rel(y, ref)
+                    assert e < 1e-2, f"{name} {n}x{k} M={m}: rel err {e}"
+                out.append((f"{n}x{k} M={m} {name}", fn))
+    return out
+
+
+def run():
+    vs = variants()
+    for _, fn in vs:  # warm up (builds, tickets) outside the profiled range
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, fn in vs:
+        print(f"variant: {name}", file=sys.stderr)
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+KEEP = {
+    "Duration": "µs", "DRAM Throughput": "dram%", "Memory Throughput": "mem%", "Compute (SM) Throughput": "sm%",
+    "Achieved Occupancy": "occ%", "Registers Per Thread": "regs", "Block Limit Registers": "blk/reg",
+    "Block Limit Shared Mem": "blk/smem", "Warp Cycles Per Issued Instruction": "cyc/issue",
+    "Issued Warp Per Scheduler": "issue/sch", "Grid Size": "grid", "Block Size": "block",
+}
+
+
+def stalls(path):
+    """Per profiled kernel (in order): the top warp-stall reasons, cycles per issued instruction, from
+    ncu --page raw (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio)."""
+    with open(path) as fh:
+        lines = [l for l in fh if l.startswith('"')]
+    rd = list(csv.reader(lines))
+    head, data = rd[0], rd[2:]  # row 1: units
+    pre, suf = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+    cols = [(i, h[len(pre):-len(suf)]) for i, h in enumerate(head) if h.startswith(pre) and h.endswith(suf)]
+    out = []
+    for row in data:
+        vals = sorted(((float(row[i].replace(",", "") or 0), n) for i, n in cols), reverse=True)
+        out.append(", ".join(f"{n} {v:.1f}" for v, n in vals[:4]))
+    return out
+
+
+def summarize(path, names, raw=None):
+    """One line per profiled kernel: the KEEP metrics (ncu --csv --page details) and the top stalls."""
+    rows = {}
+    order = []
+    with open(path) as fh:
+        lines = [l for l in fh if l.startswith('"')]
+    for r in csv.DictReader(lines):
+        key = (r["ID"], r["Kernel Name"][:40])
+        if key not in rows:
+            rows[key] = {}
+            order.append(key)
+        if r["Metric Name"] in KEEP:
+            rows[key][KEEP[r["Metric Name"]]] = r["Metric Value"]
+    cols = list(KEEP.values())
+    st = stalls(raw) if raw else []
+    print("| variant | kernel | " + " | ".join(cols) + " | top stalls (cycles per issue) |")
+    print("|---" * (len(cols) + 3) + "|")
+    for i, key in enumerate(order):
+        name = names[i] if i < len(names) else "?"
+        print(f"| {name} | {key[1]} | " + " | ".join(rows[key].get(c, "") for c in cols) +
+              f" | {st[i] if i < len(st) else ''} |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--summarize", help="ncu CSV to summarize")
+    ap.add_argument("--names", help="file with the 'variant:' lines of the profiled run")
+    ap.add_argument("--raw", help="ncu --page raw CSV (stall reasons)")
+    a = ap.parse_args()
+    if a.summarize:
+        names = [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else []
+        summarize(a.summarize, names, a.raw)
+    else:
+        run()
