@@ -97,6 +97,55 @@ __device__ __forceinline__ uint32_t word(const uint4& q, int i) {
   return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
 }
 
+// One record of a warp's 16 channels: view words va (row g), vb (row g+8) and nibble words na, nb of
+// columns 16t..16t+15, X words ya/yb (X row 8j + g, columns 16t..16t+7 / +8..+15) -> 4·NT MMAs.
+template <int NT, bool VIEW>
+__device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va, const uint4& vb, const uint4& na,
+                                           const uint4& nb, const uint4 (&ya)[NT], const uint4 (&yb)[NT], int nsh) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    uint32_t a0, a1, a2, a3;
+    uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nb, s) >> nsh;
+    decode4<VIEW>(word(va, s), nwa, a0, a2);
+    decode4<VIEW>(word(vb, s), nwb, a1, a3);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const uint4& q = s < 2 ? ya[j] : yb[j];
+      mma16816(acc[j], a0, a1, a2, a3, word(q, 2 * (s & 1)), word(q, 2 * (s & 1) + 1));
+    }
+  }
+}
+
+__device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
+  if (ok) {
+    const uint4* p = reinterpret_cast<const uint4*>(xr + kb * 64);
+    a = __ldg(p);
+    b = __ldg(p + 1);
+  } else {
+    a = b = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ---- mbarrier + bulk copy (sm_90): a warp's ring of record slices filled by the copy engine
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P;\nW12_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+      "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
+}
+
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
 template <int NT, bool VIEW, int U>
@@ -106,13 +155,7 @@ struct Group {
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
   __device__ __forceinline__ static void load_x(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
-    if (ok) {
-      const uint4* p = reinterpret_cast<const uint4*>(xr + kb * 64);
-      a = __ldg(p);
-      b = __ldg(p + 1);
-    } else {
-      a = b = make_uint4(0, 0, 0, 0);
-    }
+    load_x16(a, b, xr, ok, kb);
   }
 
   __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
@@ -152,24 +195,15 @@ struct Group {
             load_x(ya[j], yb[j], xr[j], xok[j], kb);
           }
         }
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a0, a1, a2, a3;
-          uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nb[u], s) >> nsh;
-          decode4<VIEW>(word(va[u], s), nwa, a0, a2);
-          decode4<VIEW>(word(vb[u], s), nwb, a1, a3);
-#pragma unroll
-          for (int j = 0; j < NT; ++j) {
-            const uint4& q = s < 2 ? ya[j] : yb[j];
-            mma16816(acc[j], a0, a1, a2, a3, word(q, 2 * (s & 1)), word(q, 2 * (s & 1) + 1));
-          }
-        }
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nsh);
       }
     }
   }
 };
 
-template <int NT, bool VIEW, int WARPS, int U>
+constexpr int SLICE = 1536;  // a warp's slice of one record in the bulk ring: 16 rows of view bytes, then nibbles
+
+template <int NT, bool VIEW, int WARPS, int U, int BULK>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -214,18 +248,79 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  Group<NT, VIEW, U> ga, gb;
-  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
-  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  if (BULK == 0) {
+    Group<NT, VIEW, U> ga, gb;
+    ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+    if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
 
-  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
-    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
+    for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+      ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+      ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+      gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+      gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    }
+  } else {
+    // ---- bulk ring: lane 0 of each warp keeps BULK of the warp's records (kb = a + warp + WARPS·j) in
+    // flight as two bulk copies each (16 rows of view bytes: 1 KB, of nibbles: 512 B, both contiguous in
+    // the record) into the warp's slots, completion counted in bytes on one mbarrier per slot; the warp
+    // waits on slot j % BULK with parity (j / BULK) & 1, reads its words, and lane 0 refills the slot.
+    extern __shared__ __align__(128) uint8_t dyn[];
+    uint8_t* ring = dyn + warp * BULK * SLICE;
+    __shared__ uint64_t s_bar[BULK > 0 ? WARPS * BULK : 1];
+    uint64_t* bar = s_bar + warp * BULK;
+    const int k0 = a + warp, nj = k0 < b ? (b - k0 + WARPS - 1) / WARPS : 0;
+    constexpr uint32_t BYTES = VIEW ? 1024 : SLICE;
+    auto issue = [&](int j) {
+      const uint8_t* r = base + (size_t)(k0 + WARPS * j) * REC;
+      uint8_t* d = ring + (j % (BULK > 0 ? BULK : 1)) * SLICE;
+      uint64_t* br = bar + j % (BULK > 0 ? BULK : 1);
+      mbar_expect(br, BYTES);
+      bulk_g2s(d, r + r0 * 64, 1024, br);
+      if (!VIEW) bulk_g2s(d + 1024, r + VIEW_BYTES + r0 * 32, 512, br);
+    };
+    if (lane == 0) {
+      for (int j = 0; j < BULK; ++j) mbar_init(bar + j, 1);
+      mbar_init_fence();
+      for (int j = 0; j < min(BULK, nj); ++j) issue(j);
+    }
+    __syncwarp();
+    if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+    if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+    const int sv0 = g * 64 + 16 * t, sv1 = sv0 + 8 * 64, sn0 = 1024 + g * 32 + 16 * (t & 1), sn1 = sn0 + 8 * 32;
+    constexpr bool XPF = NT <= 2;  // X of the next record in registers
+    uint4 xa[NT], xb[NT];
+    if (XPF && nj > 0) {
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj) load_x16(xa[jj], xb[jj], xr[jj], xok[jj], k0);
+    }
+    for (int j = 0; j < nj; ++j) {
+      const int kb = k0 + WARPS * j;
+      uint4 ya[NT], yb[NT];
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj) {
+        if (XPF) {
+          ya[jj] = xa[jj];
+          yb[jj] = xb[jj];
+          if (j + 1 < nj) load_x16(xa[jj], xb[jj], xr[jj], xok[jj], kb + WARPS);
+        } else {
+          load_x16(ya[jj], yb[jj], xr[jj], xok[jj], kb);
+        }
+      }
+      const uint8_t* sl = ring + (j % (BULK > 0 ? BULK : 1)) * SLICE;
+      mbar_wait(bar + j % (BULK > 0 ? BULK : 1), (uint32_t)(j / (BULK > 0 ? BULK : 1)) & 1u);
+      const uint4 va = *reinterpret_cast<const uint4*>(sl + sv0), vb = *reinterpret_cast<const uint4*>(sl + sv1);
+      uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+      if (!VIEW) {
+        na = *reinterpret_cast<const uint4*>(sl + sn0);
+        nbw = *reinterpret_cast<const uint4*>(sl + sn1);
+      }
+      record_mma<NT, VIEW>(acc, va, vb, na, nbw, ya, yb, nsh);
+      __syncwarp();  // every lane's words of the slot are in registers (consumed above): refill it
+      if (lane == 0 && j + BULK < nj) issue(j + BULK);
+    }
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -669,10 +764,18 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
 };
 
-template <int NT, bool VIEW, int WARPS, int U>
+template <int NT, bool VIEW, int WARPS, int U, int BULK>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
-  w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
+  auto kern = w12_gemv_kernel<NT, VIEW, WARPS, U, BULK>;
+  constexpr int smem = WARPS * BULK * SLICE;  // the bulk ring (dynamic shared memory)
+  static bool set = false;
+  if (smem > 48 * 1024 && !set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    set = true;
+  }
+  kern<<<grid, WARPS * 32, smem, stream>>>(
       (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo,
       (const int32_t*)a.toff, (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
       (int*)a.tickets);
@@ -680,10 +783,11 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
-#define W12_CASE(W, UU) \
-  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
-  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
+cudaError_t launch_wu(int warps, int unroll, int bulk, const Args& a, cudaStream_t st) {
+#define W12_CASE(W, UU, B) \
+  if (warps == W && unroll == UU && bulk == B) return launch_t<NT, VIEW, W, UU, B>(a, st);
+  W12_CASE(4, 1, 0) W12_CASE(4, 2, 0) W12_CASE(8, 1, 0) W12_CASE(8, 2, 0)
+  W12_CASE(4, 1, 4) W12_CASE(4, 1, 8) W12_CASE(8, 1, 4) W12_CASE(8, 1, 8)
 #undef W12_CASE
   return cudaErrorInvalidValue;
 }
@@ -691,18 +795,19 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
-// records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
+// records per pipeline stage per warp (1, 2; two stages in flight); bulk: 0, or the records per warp kept
+// in flight by bulk copies into shared memory (4 or 8, with unroll 1) instead of the register pipeline; split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, void* stream) {
+                        int unroll, int split, int bulk, void* ws, void* tickets, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB) return (int)cudaErrorInvalidValue;
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split};
 #define W12_NT(NTV) \
-  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, bulk, a, st) : launch_wu<NTV, false>(warps, unroll, bulk, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
