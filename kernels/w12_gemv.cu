@@ -768,9 +768,9 @@ template <int NT, bool VIEW, int WARPS, int U, int BULK>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   auto kern = w12_gemv_kernel<NT, VIEW, WARPS, U, BULK>;
-  constexpr int smem = WARPS * BULK * SLICE;  // the bulk ring (dynamic shared memory)
-  static bool set = false;
-  if (smem > 48 * 1024 && !set) {
+  constexpr int smem = WARPS * BULK * SLICE;  // the bulk ring (dynamic shared memory; with the static part
+  static bool set = false;                    // it may pass 48 KB, which needs the opt-in)
+  if (smem > 0 && !set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     set = true;
