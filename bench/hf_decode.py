@@ -10,6 +10,11 @@ flip at near-ties; the index of the first differing token is printed).
     python bench/hf_decode.py                     # GPU: the real measurement (needs ~45 GB of disk)
     python bench/hf_decode.py --tiny              # CPU smoke test of the whole pipeline (seconds)
     python bench/hf_decode.py --json out.json     # also write the figures as JSON
+    python bench/hf_decode.py --fuse both         # W12 with and without fused q/k/v, gate/up GEMMs
+
+W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.py) on CUDA by default;
+`--fuse off` loads it with W12_FUSE=0 (7 GEMMs per layer), `--fuse both` measures both. The JSON gives
+each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is fused).
 
 Decode tokens/s = (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are
 subtracted, so the figure is the steady per-token rate.
@@ -70,11 +75,37 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config, repeats: int) -> dict:
+def load(path: str, device: str, fuse: bool | None):
+    """from_pretrained with W12_FUSE set for the load when `fuse` is given (restored afterwards)."""
     from transformers import AutoModelForCausalLM
 
+    old = os.environ.get("W12_FUSE")
+    if fuse is not None:
+        os.environ["W12_FUSE"] = "1" if fuse else "0"
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, device_map=device)
+    finally:
+        if old is None:
+            os.environ.pop("W12_FUSE", None)
+        else:
+            os.environ["W12_FUSE"] = old
+
+
+def storage_bytes(model) -> int:
+    """Bytes of the distinct storages behind parameters and buffers (fused groups' views counted once)."""
+    seen = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        s = t.untyped_storage()
+        seen[(t.device, s.data_ptr())] = s.nbytes()
+    return sum(seen.values())
+
+
+def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config, repeats: int,
+            fuse: bool | None = None) -> dict:
+    from w12.runtime.fused import fused_groups
+
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(path, device_map=device)
+    model = load(path, device, fuse)
     load_s = time.perf_counter() - t
     ids = prompt.to(device)
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, cache_implementation="static",
@@ -94,10 +125,9 @@ def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compi
     first = min((gen(1) for _ in range(repeats)), key=lambda r: r[1])
     decode_s = full[1] - first[1]
     mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
-    weight_bytes = sum(b.numel() * b.element_size() for b in list(model.parameters()) + list(model.buffers()))
-    res = {"path": path, "load_s": load_s, "warmup_s": warm_s, "total_s": full[1], "prefill_and_first_s": first[1],
+    res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(model), "load_s": load_s, "warmup_s": warm_s, "total_s": full[1], "prefill_and_first_s": first[1],
            "decode_tok_s": (new_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
-           "weights_and_buffers_bytes": weight_bytes, "max_cuda_mem_bytes": mem,
+           "weights_and_buffers_bytes": storage_bytes(model), "max_cuda_mem_bytes": mem,
            "compiled": getattr(model, "_compiled_call", None) is not None,
            "tokens": full[0][0, ids.shape[1]:].tolist()}
     del model
@@ -121,6 +151,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--compile-backend", default=None, help="CompileConfig backend (default inductor; eager with --tiny)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the result to this file")
+    ap.add_argument("--fuse", choices=("on", "off", "both"), default="on",
+                    help="W12 with fused q/k/v and gate/up GEMMs (on, the default on CUDA), without (off), or both")
     args = ap.parse_args(argv)
 
     import w12
@@ -150,23 +182,33 @@ def main(argv=None) -> dict:
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
         bf16 = run_one(bf16_dir, device, prompt, args.new_tokens, cc, args.repeats)
-        w12r = run_one(w12_dir, device, prompt, args.new_tokens, cc, args.repeats)
+        w12r = run_one(w12_dir, device, prompt, args.new_tokens, cc, args.repeats, fuse=args.fuse != "off")
+        unfused = (run_one(w12_dir, device, prompt, args.new_tokens, cc, args.repeats, fuse=False)
+                   if args.fuse == "both" else None)
     finally:
         if not (args.keep or args.workdir):
             shutil.rmtree(workdir, ignore_errors=True)
 
     a, b = bf16.pop("tokens"), w12r.pop("tokens")
+    extra = {}
+    if unfused is not None:
+        c = unfused.pop("tokens")
+        extra = {"w12_unfused": unfused,
+                 "speedup_w12_unfused_over_bf16": unfused["decode_tok_s"] / bf16["decode_tok_s"],
+                 "speedup_fused_over_unfused": w12r["decode_tok_s"] / unfused["decode_tok_s"],
+                 "fused_unfused_same_tokens": b == c}
     first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     result = {
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random weights)",
         "batch": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "compile_backend": backend, "torch": torch.__version__,
+        "compile_backend": backend, "fuse": args.fuse, "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "bf16": bf16, "w12": w12r,
         "speedup_w12_over_bf16": w12r["decode_tok_s"] / bf16["decode_tok_s"],
         "token_agreement": sum(x == y for x, y in zip(a, b)) / len(a),
         "first_differing_token": first_diff,
+        **extra,
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -18,6 +18,8 @@ How a load works (transformers >= 5.19, public hooks only):
   output embeddings) become `W12Linear`; `param_needs_quantization` marks their `weight`, and the
   quantize op (`W12Quantize`) encodes each BF16 weight as it is read, so the BF16 model is never held
   in memory as a whole.
+* CUDA: after loading, `w12.runtime.prepare(model)` builds escape tables and fuses sibling projections
+  (q/k/v, gate/up: one GEMM each, runtime/fused.py); env `W12_FUSE=0` keeps one GEMM per layer.
 * save: `get_state_dict_and_metadata` adds the `w12` header (SPEC.md §7) to the safetensors metadata;
   for a save split into several shards the per-file headers are rewritten right after writing (each
   header must list only its own file's matrices), by a `save_pretrained` wrapper set on the model.
@@ -41,7 +43,8 @@ from transformers.quantizers import HfQuantizer
 from w12.formats.layout import COMPANION_SUFFIXES, FORMAT_VERSION, HEADER_KEY, companion_names
 
 from .hf_config import W12Config
-from .w12_linear import BUFFER_NAMES, W12Linear
+from .fused import unshared_state_dict
+from .w12_linear import BUFFER_NAMES, W12Linear, prepare
 
 log = logging.getLogger(__name__)
 
@@ -278,8 +281,7 @@ class W12HfQuantizer(HfQuantizer):
         if self.pre_quantized and getattr(self.quantization_config, "dequantize", False):
             self._dequantize(model)
         else:
-            for _, m in mods:
-                m.prepare()
+            prepare(model)  # escape tables; on CUDA also fuses q/k/v and gate/up (env W12_FUSE=0: not)
             _install_save_wrapper(model)
         mode = getattr(self.quantization_config, "certified_lm_head", False)
         if mode:  # the certified INT8 LM head for greedy generate (w12.kernels.lm_head_int8)
@@ -317,8 +319,9 @@ class W12HfQuantizer(HfQuantizer):
     # ---- save ---------------------------------------------------------------------------------
     def get_state_dict_and_metadata(self, model):
         """The header for a single-file save (tied weights are dropped by the writer, so by us too);
-        `fix_saved_headers` rewrites it per file when the save is sharded."""
-        state_dict = model.state_dict()
+        `fix_saved_headers` rewrites it per file when the save is sharded. Members of a fused projection
+        group are saved from contiguous CPU copies of their (view) tensors."""
+        state_dict = unshared_state_dict(model, model.state_dict())
         names = set(state_dict)
         try:
             from transformers.modeling_utils import remove_tied_weights_from_state_dict

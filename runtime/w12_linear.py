@@ -17,12 +17,17 @@ Forward goes through one dispatch function, `w12_linear(x, module)`:
 
 * CUDA, with `w12.kernels` importable: the fused GEMM `torch.ops.w12.gemm` (escape tables prepared
   once per module, see `prepare`); nothing but the W12 bytes and small escape tables live on the GPU.
+  Sibling projections (q/k/v, gate/up) of one parent run ONE GEMM per group after `prepare(model)`
+  (runtime/fused.py; on by default on CUDA, off with `prepare(model, fuse=False)` or env `W12_FUSE=0`).
 * CUDA without kernels: an exact decode in plain torch ops on the GPU (no host sync, graph safe),
   then `F.linear`. Correct, but it materialises the BF16 matrix transiently.
 * CPU (and everything else): an exact decode (the numba codec, wrapped as the custom op
   `w12_runtime::decode` so torch.compile sees one opaque node) + `F.linear` in BF16. Since the decoded
   weight is bit-identical to the original and `F.linear` is the op `nn.Linear` calls, outputs are
   bit-identical to the BF16 model's on the CPU.
+
+`set_cpu_gemm_op(True)` routes CPU layers through `torch.ops.w12.gemm` too (its CPU reference: decode +
+fp32 matmul, not bit-identical to F.linear in BF16); a test switch for the CUDA code path, off by default.
 
 The CPU path decodes on every call. An optional LRU of decoded weights (`set_cpu_decode_cache`) trades
 memory for speed in eager CPU runs; it is OFF by default and never used under torch.compile.
@@ -125,6 +130,31 @@ def kernel_backend():
         return _KERNELS["backend"]
 
 
+# CPU switch: run the GEMM op (its CPU reference) instead of decode + F.linear. Tests only.
+_CPU_GEMM_OP = False
+
+
+def set_cpu_gemm_op(on: bool) -> None:
+    """True: CPU W12Linear layers (and projection groups) call `torch.ops.w12.gemm` like CUDA layers do,
+    with escape tables prepared on the CPU (call `prepare(model)` after switching). Default False."""
+    global _CPU_GEMM_OP
+    _CPU_GEMM_OP = bool(on)
+
+
+def gemm_device(device: torch.device) -> bool:
+    """Whether layers on `device` run the GEMM op (CUDA; the CPU while `set_cpu_gemm_op(True)`)."""
+    return device.type == "cuda" or (device.type == "cpu" and _CPU_GEMM_OP)
+
+
+def gemm_rows(x: torch.Tensor, records, exponents, escapes, esc_offsets, esc_cols, n: int) -> torch.Tensor:
+    """x bf16 [..., K] -> [..., n] through `torch.ops.w12.gemm` (flattens leading dims, unit column stride)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = torch.ops.w12.gemm(x2, records, exponents, escapes, esc_offsets, esc_cols, n)
+    return y.reshape(*x.shape[:-1], n)
+
+
 # ---------------------------------------------------------------------------------------------
 # Optional CPU LRU of decoded weights (OFF by default).
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +234,8 @@ class W12Linear(nn.Module):
             self.register_parameter("bias", None)
         self.w12_sha256: str | None = None  # SHA-256 of the original BF16 bytes, when known (SPEC.md §7)
         self.w12_view8 = False  # True: forward on the 8-bit view (SPEC.md §4), an approximation; see view8_mode
+        self.w12_group = None  # a fused.ProjectionGroup when this layer shares one GEMM with its siblings
+        self.w12_group_index = 0  # its position in the group (0: the leader, which runs the fused GEMM)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -246,15 +278,20 @@ class W12Linear(nn.Module):
 
     # ---- device preparation (CUDA) ----------------------------------------------------------
     def _clear_prepared(self) -> None:
+        if getattr(self, "w12_group", None) is not None:  # its group's fused copy may no longer match: dissolve it
+            from .fused import dissolve
+
+            dissolve(self)
         for name in ("_esc_offsets", "_esc_cols", "_esc_index", "_esc_bits"):
             self._buffers.pop(name, None)
             self.__dict__.pop(name, None)
 
     def prepare(self) -> None:
         """Build the small per-matrix escape tables the CUDA paths need, once, on the buffers' device.
-        Non-persistent buffers: they follow .to() but are never saved. A no-op on the CPU."""
+        Non-persistent buffers: they follow .to() but are never saved. A no-op on the CPU (unless
+        `set_cpu_gemm_op(True)`). Dissolves this layer's projection group, if any."""
         self._clear_prepared()
-        if self.weight.device.type in ("cpu", "meta"):
+        if self.weight.device.type == "meta" or not gemm_device(self.weight.device):
             return
         backend = kernel_backend()
         if backend is not None:
@@ -289,19 +326,20 @@ def w12_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
     bias = module.bias
     if getattr(module, "w12_view8", False):
         return _view8_linear(x, module)
-    if x.is_cuda:
+    group = getattr(module, "w12_group", None)
+    if group is not None:  # fused q/k/v or gate/up: the leader's GEMM serves all (fused.py)
+        y = group.forward(x, module, module.w12_group_index)
+        if y is not None:
+            return y
+    if x.is_cuda or (_CPU_GEMM_OP and x.device.type == "cpu"):
         if not module._prepared_for(module.weight.device):
             if torch.compiler.is_compiling():
                 raise RuntimeError("W12Linear on CUDA was not prepared before torch.compile; call "
                                    "w12.runtime.prepare(model) after moving the model")
             module.prepare()
         if "_esc_offsets" in module._buffers and x.dtype == torch.bfloat16:
-            x2 = x.reshape(-1, x.shape[-1])
-            if x2.stride(-1) != 1:
-                x2 = x2.contiguous()
-            y = torch.ops.w12.gemm(x2, module.weight, module.weight_exponents, module.weight_escapes,
-                                   module._esc_offsets, module._esc_cols, module.out_features)
-            y = y.reshape(*x.shape[:-1], module.out_features)
+            y = gemm_rows(x, module.weight, module.weight_exponents, module.weight_escapes,
+                          module._esc_offsets, module._esc_cols, module.out_features)
             return y + bias if bias is not None else y
         if "_esc_index" not in module._buffers:  # kernels present but x not bf16: build the decode index
             idx, bits = escape_index(module.weight_esc_counts, module.weight_escapes, module.out_features,
@@ -387,9 +425,16 @@ class view8_mode:
                 m.__dict__.pop("_view8_w", None)
 
 
-def prepare(model: nn.Module) -> nn.Module:
-    """Prepare every W12Linear of `model` for its current device (call after moving a model to CUDA)."""
+def prepare(model: nn.Module, fuse: bool | None = None) -> nn.Module:
+    """Prepare every W12Linear of `model` for its current device (call after moving a model to CUDA), then
+    fuse sibling projections (q/k/v, gate/up: one GEMM each, fused.py) where the GEMM op runs.
+    `fuse`: None = env W12_FUSE ("0" off, else on), False = leave every layer on its own GEMM."""
+    from .fused import fuse_enabled, fuse_projections
+
+    on = fuse_enabled(fuse)
     for m in model.modules():
         if isinstance(m, W12Linear):
-            m.prepare()
+            m.prepare()  # also dissolves earlier groups
+    if on:
+        fuse_projections(model)
     return model
