@@ -281,7 +281,7 @@ def main():
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
                     gc.CudaConfig(1, 4, 1, 1, 4), gc.CudaConfig(1, 8, 1, 3, 8), gc.CudaConfig(2, 8, 1, 2, 4),
-                    gc.CudaConfig(4, 4, 1, 1, 8), gc.CudaConfig(8, 8, 1, 1, 4),
+                    gc.CudaConfig(2, 4, 1, 1, 8),
                     gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16),
                     gc.TcConfig(2, 1, True), gc.TcConfig(4, 2, True), gc.TcConfig(8, 3, True), gc.TcConfig(16, 1, True),
                     gc.TcConfig(16, 2, True)):
@@ -317,7 +317,7 @@ def main():
                 err["w12_portable"] = max(err["w12_portable"], rel(mt.run(x, use_ptx=False), ref))
             for _ in range(9):
                 err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
-            if cuda_ok and m <= 64:  # the skinny kernel with the bulk-copy ring
+            if cuda_ok and m <= 16:  # the skinny kernel with the bulk-copy ring
                 for cb in bulk_candidates(m, n, k):
                     y1 = mt.run(x, cuda=cb)
                     err["bulk"] = max(err.get("bulk", 0.0), rel(y1, ref), rel(mt.run(x, view=True, cuda=cb), refq))
@@ -456,7 +456,7 @@ def main():
                 alt = gc.pick_config(m, n, k) if gc.use_tc(m, n) else gc.pick_tc_config(m, n, k)
                 t_other = bench(lambda: mt.run(x, cuda=alt))
             t_bulk = t_bulkv = None  # the skinny kernel with the bulk-copy ring: the best candidate, W12 and view
-            if m in (1, 16, 32, 64) and cuda_ok:
+            if m in (1, 8, 16) and cuda_ok:
                 t_bulk, cb_best = min(((bench(lambda: mt.run(x, cuda=cb)), cb) for cb in bulk_candidates(m, n, k)),
                                       key=lambda r: r[0])
                 t_bulkv = min(bench(lambda: mt.run(x, view=True, cuda=cb)) for cb in bulk_candidates(m, n, k))
@@ -509,9 +509,11 @@ def main():
 
 
 def bulk_candidates(m, n, k):
-    """The bulk-ring skinny kernel: 4 or 8 warps × 4 or 8 records in flight per warp, split K as pick_config."""
+    """The bulk-ring skinny kernel (M ≤ 16): 4 or 8 warps × 4 or 8 records in flight per warp (8 × 8 only at
+    nt = 1: the ring holds X rows too), split K as pick_config."""
     base = gc.pick_config(m, n, k)
-    return [gc.CudaConfig(base.nt, w, 1, base.split, b) for w in (4, 8) for b in (4, 8)]
+    return [gc.CudaConfig(base.nt, w, 1, base.split, b) for w, b in ((4, 4), (4, 8), (8, 4), (8, 8))
+            if base.nt == 1 or (w, b) != (8, 8)]
 
 
 def cuda_candidates(m):

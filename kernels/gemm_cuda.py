@@ -179,7 +179,18 @@ def _load_override():
 _load_override()
 
 
+# W12_CUDA_BULK=4|8 (measurements): the skinny kernel's bulk-copy ring for M ≤ 16, the table's warps and split
+BULK = int(os.environ.get("W12_CUDA_BULK", "0"))
+
+
 def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
+    cfg = _pick_config(m, n, k, view)
+    if BULK and cfg.nt <= 2 and not (BULK == 8 and cfg.nt == 2 and cfg.warps == 8):
+        return CudaConfig(cfg.nt, cfg.warps, 1, cfg.split, BULK)
+    return cfg
+
+
+def _pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     nt = _nt_for(m)
     hit = TABLE.get((n, k, 8 * nt, view))
     if hit is not None:

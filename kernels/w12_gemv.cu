@@ -263,59 +263,56 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
       gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
     }
   } else {
-    // ---- bulk ring: lane 0 of each warp keeps BULK of the warp's records (kb = a + warp + WARPS·j) in
-    // flight as two bulk copies each (16 rows of view bytes: 1 KB, of nibbles: 512 B, both contiguous in
-    // the record) into the warp's slots, completion counted in bytes on one mbarrier per slot; the warp
-    // waits on slot j % BULK with parity (j / BULK) & 1, reads its words, and lane 0 refills the slot.
+    // ---- bulk ring (NT ≤ 2): lane 0 of each warp keeps BULK of the warp's records (kb = a + warp + WARPS·j)
+    // in flight as bulk copies into the warp's slots: 16 rows of view bytes (1 KB) and of nibbles (512 B),
+    // both contiguous in the record, and the record's 64 columns of each valid X row (128 B each; the
+    // rows ≥ M stay zero), completion counted in bytes on one mbarrier per slot.  The warp waits on slot
+    // j % BULK with parity (j / BULK) & 1, reads its words, and lane 0 refills the slot.
+    constexpr int SL = SLICE + (BULK > 0 ? MT * 128 : 0), NB_ = BULK > 0 ? BULK : 1;
     extern __shared__ __align__(128) uint8_t dyn[];
-    uint8_t* ring = dyn + warp * BULK * SLICE;
-    __shared__ uint64_t s_bar[BULK > 0 ? WARPS * BULK : 1];
-    uint64_t* bar = s_bar + warp * BULK;
-    const int k0 = a + warp, nj = k0 < b ? (b - k0 + WARPS - 1) / WARPS : 0;
-    constexpr uint32_t BYTES = VIEW ? 1024 : SLICE;
+    uint8_t* ring = dyn + warp * NB_ * SL;
+    __shared__ uint64_t s_bar[WARPS * NB_];
+    uint64_t* bar = s_bar + warp * NB_;
+    const int k0 = a + warp, nj = k0 < b ? (b - k0 + WARPS - 1) / WARPS : 0, mv = min(MT, M - m0);
+    const uint32_t bytes = (VIEW ? 1024 : SLICE) + 128 * mv;
     auto issue = [&](int j) {
-      const uint8_t* r = base + (size_t)(k0 + WARPS * j) * REC;
-      uint8_t* d = ring + (j % (BULK > 0 ? BULK : 1)) * SLICE;
-      uint64_t* br = bar + j % (BULK > 0 ? BULK : 1);
-      mbar_expect(br, BYTES);
+      const int kb = k0 + WARPS * j;
+      const uint8_t* r = base + (size_t)kb * REC;
+      uint8_t* d = ring + (j % NB_) * SL;
+      uint64_t* br = bar + j % NB_;
+      mbar_expect(br, bytes);
       bulk_g2s(d, r + r0 * 64, 1024, br);
       if (!VIEW) bulk_g2s(d + 1024, r + VIEW_BYTES + r0 * 32, 512, br);
+      for (int m = 0; m < mv; ++m) bulk_g2s(d + SLICE + m * 128, x + (size_t)(m0 + m) * ldx + kb * 64, 128, br);
     };
+    for (int i = lane; i < NB_ * (MT - mv) * 8; i += 32) {  // X rows ≥ M: zero once, never copied over
+      const int sl = i / ((MT - mv) * 8), q = i % ((MT - mv) * 8);
+      *reinterpret_cast<uint4*>(ring + sl * SL + SLICE + mv * 128 + 16 * q) = make_uint4(0, 0, 0, 0);
+    }
     if (lane == 0) {
-      for (int j = 0; j < BULK; ++j) mbar_init(bar + j, 1);
+      for (int j = 0; j < NB_; ++j) mbar_init(bar + j, 1);
       mbar_init_fence();
-      for (int j = 0; j < min(BULK, nj); ++j) issue(j);
+      for (int j = 0; j < min(NB_, nj); ++j) issue(j);
     }
     __syncwarp();
     if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
     if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
     const int sv0 = g * 64 + 16 * t, sv1 = sv0 + 8 * 64, sn0 = 1024 + g * 32 + 16 * (t & 1), sn1 = sn0 + 8 * 32;
-    constexpr bool XPF = NT <= 2;  // X of the next record in registers
-    uint4 xa[NT], xb[NT];
-    if (XPF && nj > 0) {
-#pragma unroll
-      for (int jj = 0; jj < NT; ++jj) load_x16(xa[jj], xb[jj], xr[jj], xok[jj], k0);
-    }
     for (int j = 0; j < nj; ++j) {
-      const int kb = k0 + WARPS * j;
-      uint4 ya[NT], yb[NT];
-#pragma unroll
-      for (int jj = 0; jj < NT; ++jj) {
-        if (XPF) {
-          ya[jj] = xa[jj];
-          yb[jj] = xb[jj];
-          if (j + 1 < nj) load_x16(xa[jj], xb[jj], xr[jj], xok[jj], kb + WARPS);
-        } else {
-          load_x16(ya[jj], yb[jj], xr[jj], xok[jj], kb);
-        }
-      }
-      const uint8_t* sl = ring + (j % (BULK > 0 ? BULK : 1)) * SLICE;
-      mbar_wait(bar + j % (BULK > 0 ? BULK : 1), (uint32_t)(j / (BULK > 0 ? BULK : 1)) & 1u);
+      const uint8_t* sl = ring + (j % NB_) * SL;
+      mbar_wait(bar + j % NB_, (uint32_t)(j / NB_) & 1u);
       const uint4 va = *reinterpret_cast<const uint4*>(sl + sv0), vb = *reinterpret_cast<const uint4*>(sl + sv1);
       uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
       if (!VIEW) {
         na = *reinterpret_cast<const uint4*>(sl + sn0);
         nbw = *reinterpret_cast<const uint4*>(sl + sn1);
+      }
+      uint4 ya[NT], yb[NT];  // X row 8jj + g, columns 16t .. 16t + 15
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj) {
+        const uint4* xq = reinterpret_cast<const uint4*>(sl + SLICE + (8 * jj + g) * 128 + 32 * t);
+        ya[jj] = xq[0];
+        yb[jj] = xq[1];
       }
       record_mma<NT, VIEW>(acc, va, vb, na, nbw, ya, yb, nsh);
       __syncwarp();  // every lane's words of the slot are in registers (consumed above): refill it
@@ -768,7 +765,7 @@ template <int NT, bool VIEW, int WARPS, int U, int BULK>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   auto kern = w12_gemv_kernel<NT, VIEW, WARPS, U, BULK>;
-  constexpr int smem = WARPS * BULK * SLICE;  // the bulk ring (dynamic shared memory; with the static part
+  constexpr int smem = WARPS * BULK * (SLICE + 8 * NT * 128);  // the bulk ring (dynamic shared memory; with the static part
   static bool set = false;                    // it may pass 48 KB, which needs the opt-in)
   if (smem > 0 && !set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -787,7 +784,9 @@ cudaError_t launch_wu(int warps, int unroll, int bulk, const Args& a, cudaStream
 #define W12_CASE(W, UU, B) \
   if (warps == W && unroll == UU && bulk == B) return launch_t<NT, VIEW, W, UU, B>(a, st);
   W12_CASE(4, 1, 0) W12_CASE(4, 2, 0) W12_CASE(8, 1, 0) W12_CASE(8, 2, 0)
-  W12_CASE(4, 1, 4) W12_CASE(4, 1, 8) W12_CASE(8, 1, 4) W12_CASE(8, 1, 8)
+  if constexpr (NT <= 2) {  // the bulk ring holds X too: 8·NT rows of 128 B per slot
+    W12_CASE(4, 1, 4) W12_CASE(4, 1, 8) W12_CASE(8, 1, 4) W12_CASE(8, 1, 8)
+  }
 #undef W12_CASE
   return cudaErrorInvalidValue;
 }
@@ -796,7 +795,8 @@ cudaError_t launch_wu(int warps, int unroll, int bulk, const Args& a, cudaStream
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
 // records per pipeline stage per warp (1, 2; two stages in flight); bulk: 0, or the records per warp kept
-// in flight by bulk copies into shared memory (4 or 8, with unroll 1) instead of the register pipeline; split: CTAs along K (split > 1 needs
+// in flight by bulk copies into shared memory (4 or 8, with unroll 1, nt ≤ 2; the ring of 8 warps × 8
+// records at nt = 2 does not fit) instead of the register pipeline; split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
