@@ -49,10 +49,11 @@ def use_tc(m: int, n: int) -> bool:
 
 
 def pick_tc_config(m: int, n: int, k: int, wg: bool = False) -> TcConfig:
-    """nt: the smallest that holds M; split K until the grid has ~2 CTAs per SM (132 SMs), ≥ 8 records each."""
+    """nt: the smallest that holds M; split K (at most 8) until the grid has ~2 CTAs per SM (132 SMs), ≥ 8
+    records each."""
     nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
     ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
-    while ctas * split * 2 <= 264 and kb // (2 * split) >= 8:
+    while split < 8 and ctas * split * 2 <= 264 and kb // (2 * split) >= 8:
         split *= 2
     return TcConfig(nt, split, wg)
 

@@ -201,17 +201,54 @@ struct Group {
   }
 };
 
+// Split K (S > 1): publish this CTA's partial tile (n floats at red, n % 4 == 0) as split z of the tile's S
+// partials in part, take the tile's ticket; the last CTA to arrive adds the partials in the fixed order
+// z = 0, 1, … (the same bits whatever the arrival order) into red, resets the ticket and returns true; the
+// others return false.  Every partial of a thread's float4 is loaded before the adds (S ≤ 8 in flight).
+__device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
+  float4* p4 = reinterpret_cast<float4*>(part);
+  float4* r4 = reinterpret_cast<float4*>(red);
+  __syncthreads();  // red complete
+  for (int i = tid; i < n4; i += nth) p4[z * n4 + i] = r4[i];
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *s_last = atomicAdd(ticket, 1) == S - 1;
+  __syncthreads();
+  if (!*s_last) return false;
+  __threadfence();
+  for (int i = tid; i < n4; i += nth) {
+    float4 v[8];
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz)
+      if (zz < S) v[zz] = __ldcg(p4 + zz * n4 + i);
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz)
+      if (zz < S) {
+        sum.x += v[zz].x;
+        sum.y += v[zz].y;
+        sum.z += v[zz].z;
+        sum.w += v[zz].w;
+      }
+    r4[i] = sum;
+  }
+  if (tid == 0) *ticket = 0;
+  return true;
+}
+
 constexpr int SLICE = 1536;  // a warp's slice of one record in the bulk ring: 16 rows of view bytes, then nibbles
 
+// M ≤ 8 with one record per stage: at most 64 registers, so 32 warps fit on an SM (more loads in flight)
 template <int NT, bool VIEW, int WARPS, int U, int BULK>
-__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32, NT == 1 && U == 1 && BULK == 0 ? 32 / WARPS : 1) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
-  __shared__ float red[WARPS][16][MT];
+  __shared__ __align__(16) float red[WARPS][16][MT];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
@@ -381,24 +418,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
       }
     }
   }
-  if (S > 1) {
-    // Split K: publish this CTA's partial, take a ticket; the last of the tile's CTAs adds the partials in
-    // the order z = 0, 1, … and finishes.
-    float* part = ws + (size_t)tau * S * 16 * MT;
-    for (int idx = tid; idx < 16 * mcount; idx += THREADS) part[blockIdx.z * 16 * MT + idx] = red[0][idx & 15][idx >> 4];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(tickets + tau, 1) == S - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-      float sum = 0.f;
-      for (int z = 0; z < S; ++z) sum += __ldcg(part + z * 16 * MT + idx);
-      red[0][idx & 15][idx >> 4] = sum;
-    }
-    if (tid == 0) tickets[tau] = 0;
-  }
+  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last))
+    return;
   __syncthreads();
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
@@ -698,23 +719,8 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   }
   const int tile = blockIdx.y * gridDim.x + blockIdx.x;
   float* cta_red = reinterpret_cast<float*>(xs);  // [TC_CH][MT]: row 16w + r
-  if (S > 1) {
-    __syncthreads();
-    float* part = ws + (size_t)tile * S * TC_CH * MT;
-    for (int idx = tid; idx < TC_CH * MT; idx += TC_THREADS) part[blockIdx.z * TC_CH * MT + idx] = cta_red[idx];
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) s_last = atomicAdd(tickets + tile, 1) == S - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int idx = tid; idx < TC_CH * MT; idx += TC_THREADS) {
-      float sum = 0.f;
-      for (int z = 0; z < S; ++z) sum += __ldcg(part + z * TC_CH * MT + idx);
-      cta_red[idx] = sum;
-    }
-    if (tid == 0) tickets[tile] = 0;
-  }
+  if (S > 1 && !splitk_last(cta_red, TC_CH * MT, ws + (size_t)tile * S * TC_CH * MT, S, blockIdx.z, tickets + tile, &s_last))
+    return;
   __syncthreads();
   for (int idx = tid; idx < TC_CH * mcount; idx += TC_THREADS) {
     const int r = idx % TC_CH, m = idx / TC_CH, n = nb * 128 + r0 + r;  // consecutive threads: consecutive n
@@ -804,7 +810,7 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
                         int unroll, int split, int bulk, void* ws, void* tickets, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (split < 1 || split > KB) return (int)cudaErrorInvalidValue;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split};
 #define W12_NT(NTV) \
   if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, bulk, a, st) : launch_wu<NTV, false>(warps, unroll, bulk, a, st);
@@ -821,7 +827,7 @@ extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
                            int wg, void* ws, void* tickets, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (split < 1 || split > KB) return (int)cudaErrorInvalidValue;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
 #define W12_TC(NTV, V, G) \
   if (nt == NTV && !!view == V && !!wg == G) \
     return launch_tc<NTV, V, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st);
