@@ -184,9 +184,8 @@ class Mat:
                         config=cfg, use_ptx=use_ptx)
 
     def op(self, x, view=False):
-        """What the custom op runs for x (CUDA kernels for M <= 64 on Hopper: skinny or tensor-core by
-        gemm_cuda.use_tc; else Triton)."""
-        if gc.usable(x, self.records, self.exps):
+        """What the custom op runs for x (a CUDA kernel where gemm_cuda.kernel_for names one, else Triton)."""
+        if gc.usable(x, self.records, self.exps, self.n):
             return gc.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols, view=view)
         return self.run(x, view=view)
 
@@ -452,8 +451,9 @@ def main():
             c_w = bench(lambda: mt.op(x), clean=True)
             c_v = bench(lambda: mt.op(x, view=True), clean=True)
             t_other = None  # the CUDA kernel the dispatcher did not pick (skinny or tensor-core)
-            if 8 < m <= 64 and gc.usable(x, mt.records, mt.exps):  # the other CUDA kernel than the dispatcher's
-                alt = gc.pick_config(m, n, k) if gc.use_tc(m, n) else gc.pick_tc_config(m, n, k)
+            kind = gc.kernel_for(m, n, k) if gc.usable(x, mt.records, mt.exps, n) else None
+            if 8 < m <= 64 and kind:  # the other CUDA kernel: skinny if a tensor-core one is dispatched, else mma.sync
+                alt = gc.pick_config(m, n, k) if kind != "skinny" else gc.pick_tc_config(m, n, k)
                 t_other = bench(lambda: mt.run(x, cuda=alt))
             t_bulk = t_bulkv = None  # the skinny kernel with the bulk-copy ring: the best candidate, W12 and view
             if m in (1, 8, 16) and cuda_ok:
@@ -466,12 +466,12 @@ def main():
                 t_wg = bench(lambda: mt.run(x, cuda=cw))
                 t_wgv = bench(lambda: mt.run(x, view=True, cuda=cw))
             c = g.pick_config(m, n, k)
-            if gc.usable(x, mt.records, mt.exps) and not gc.use_tc(m, n):
+            if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
-            elif gc.usable(x, mt.records, mt.exps):
-                cc = gc.pick_tc_config(m, n, k)
-                c = f"cuda-tc {cc.nt}/{cc.split}"
+            elif kind:
+                cc = gc.pick_tc_config(m, n, k, wg=kind == "wgmma")
+                c = f"cuda-{kind} {cc.nt}/{cc.split}"
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,

@@ -1,12 +1,12 @@
 """Host side of the CUDA skinny W12 GEMM (kernels/w12_gemv.cu): checks, config choice, launch.
 
-    if gemm_cuda.usable(x, records):
+    if gemm_cuda.usable(x, records, exponents, n):
         y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
 
 Same contract and same tensors as kernels/gemm.py's Triton launcher (records u8 [NB, KB, 12288],
 exponents u8 [N_PAD], escapes i16 [nnz, 2], esc_offsets/esc_cols from `gemm.prepare_escapes`; esc_cols
 carries this kernel's per-tile escape lists after the Triton kernel's columns, see `tile_escapes`).  The
-CUDA kernel covers Hopper, M ≤ MAX_M, K a multiple of 64 and 16-byte-aligned X rows; everything else runs
+CUDA kernels cover Hopper, the shapes `kernel_for` names (M ≤ 128), K a multiple of 64 and 16-byte-aligned X rows; everything else runs
 the Triton kernel.  Deterministic: warp partials (and split-K CTA partials) are added in a fixed order.
 """
 
@@ -17,7 +17,6 @@ import torch
 
 from . import cuda_build
 
-MAX_M = 64  # the CUDA kernels' reach (above: the Triton kernel, as fast as w12_gemm_tc at M = 128 on the H200)
 
 
 @dataclass(frozen=True)
@@ -41,11 +40,22 @@ class TcConfig:
     wg: bool = False  # wgmma (X read by the tensor cores from shared memory, once per 64 channels) instead of mma.sync
 
 
-def use_tc(m: int, n: int) -> bool:
-    """Where the tensor-core kernel (128 channels per CTA) beat the skinny one on the H200
-    (2026-11-29-kernels-cuda-h200-tc128.md, do_bench): from 17 rows on matrices with N ≥ 28672 (gate_up,
-    LM heads: 1.0–1.6×); the skinny kernel elsewhere (1.0–1.4× faster on the narrow shapes)."""
-    return m > 16 and n >= 28672
+def kernel_for(m: int, n: int, k: int) -> str | None:
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "tc" (tensor cores, mma.sync), "wgmma"
+    (tensor cores, wgmma) or None (the Triton kernel).  Where each measured fastest (do_bench):
+      M ≤ 16: skinny;  17–32: tc for N ≥ 28672 (gate_up, LM heads), else skinny
+      (2026-11-29-kernels-cuda-h200-tc128.md);  33–64: wgmma from 20 M weights, skinny below (4096²);
+      65–128: wgmma for N ≤ 4096 or ≤ 26 M weights (4096², 6144×4096, 4096×14336: 1.1–1.8× Triton), else
+      Triton (2026-11-29-kernels-cuda-h200-s4.md)."""
+    if m <= 16:
+        return "skinny"
+    if m <= 32:
+        return "tc" if n >= 28672 else "skinny"
+    if m <= 64:
+        return "wgmma" if n * k >= 20_000_000 else "skinny"
+    if m <= 128 and (n <= 4096 or n * k <= 26_000_000):
+        return "wgmma"
+    return None
 
 
 def pick_tc_config(m: int, n: int, k: int, wg: bool = False) -> TcConfig:
@@ -243,10 +253,12 @@ def library():
     return cuda_build.load("w12_gemv")
 
 
-def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor) -> bool:
-    """True when the CUDA kernel can take this call (else use the Triton kernel)."""
+def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int | None = None) -> bool:
+    """True when a CUDA kernel can take this call (else use the Triton kernel); n = output channels
+    (default: the records' padded N)."""
     m, k = x.shape
-    return (x.is_cuda and m <= MAX_M and k % 64 == 0 and x.stride(1) == 1 and x.stride(0) % 8 == 0
+    n = records.shape[0] * 128 if n is None else n
+    return (x.is_cuda and kernel_for(m, n, k) is not None and k % 64 == 0 and x.stride(1) == 1 and x.stride(0) % 8 == 0
             and x.data_ptr() % 16 == 0 and records.is_contiguous() and records.data_ptr() % 16 == 0
             and exponents.data_ptr() % 16 == 0 and library() is not None)
 
@@ -262,7 +274,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         toff = tent = _p(exponents)  # unused by the view kernel
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
-    cfg = config or (pick_tc_config(m, n, k) if use_tc(m, n) else pick_config(m, n, k, view))
+    if config is None:
+        kind = kernel_for(m, n, k)
+        config = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k, wg=kind == "wgmma")
+    cfg = config
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, TcConfig):

@@ -3,9 +3,9 @@
     torch.ops.w12.gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n)   -> bf16 [M, n]
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
-x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA tensors with M ≤ 64 on a Hopper GPU run
-a CUDA kernel of kernels/w12_gemv.cu (the skinny or the tensor-core GEMM, gemm_cuda.use_tc), other CUDA
-calls the Triton kernels, each
+x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls on a Hopper GPU run a CUDA kernel of
+kernels/w12_gemv.cu where gemm_cuda.kernel_for names one (the skinny, mma.sync or wgmma tensor-core GEMM; up
+to M = 128), other CUDA calls the Triton kernels, each
 with a config picked from a table by shape (no autotuning, no host sync); other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
@@ -23,7 +23,7 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
              esc_offsets: torch.Tensor, esc_cols: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · Wᵀ with the exact W (escapes added as an exact sparse correction)."""
     if x.is_cuda:
-        if _gc.usable(x, records, exponents):
+        if _gc.usable(x, records, exponents, n):
             return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
         return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
@@ -39,7 +39,7 @@ def _(x, records, exponents, escapes, esc_offsets, esc_cols, n):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
-        if _gc.usable(x, records, exponents):
+        if _gc.usable(x, records, exponents, n):
             return _gc.launch(x, records, exponents, n, view=True)
         return _g.launch(x, records, exponents, n, view=True)
     nb, kb = records.shape[:2]

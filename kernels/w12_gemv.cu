@@ -1,6 +1,6 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
 // registers straight into mma.sync fragments: the skinny kernel (below; M ≤ 64) and the tensor-core kernel
-// (w12_gemm_tc_kernel, further down; 9 ≤ M ≤ 128).  gemm_cuda.use_tc says which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// (w12_gemm_tc_kernel, further down, mma.sync or wgmma; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
 // Work split
@@ -239,9 +239,9 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 
 constexpr int SLICE = 1536;  // a warp's slice of one record in the bulk ring: 16 rows of view bytes, then nibbles
 
-// M ≤ 8 with one record per stage: at most 64 registers, so 32 warps fit on an SM (more loads in flight)
+// (a 64-register cap for M ≤ 8, so that 32 warps fit on an SM, measured slower: 2026-11-29-kernels-cuda-h200-s4.md)
 template <int NT, bool VIEW, int WARPS, int U, int BULK>
-__global__ void __launch_bounds__(WARPS * 32, NT == 1 && U == 1 && BULK == 0 ? 32 / WARPS : 1) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {

@@ -18,7 +18,7 @@ such sibling set into a stateful group:
   so correctness never depends on call order.
 * Bits: every channel is a dot product with the exact weights either way. On the CPU (the reference op)
   a channel's bits do not depend on the GEMM's width (tested). On CUDA the kernel choice and its split-K /
-  warps per CTA depend on N (kernels/gemm_cuda.py `use_tc`, `pick_config`), so the fused width may add a
+  warps per CTA depend on N (kernels/gemm_cuda.py `kernel_for`, `pick_config`), so the fused width may add a
   channel's fp32 partials in another (fixed, deterministic) order than the member's own width: possibly
   another last bit than the unfused layer, never another weight.
 
