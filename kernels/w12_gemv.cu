@@ -204,34 +204,28 @@ struct Group {
 // Split K (S > 1): publish this CTA's partial tile (n floats at red, n % 4 == 0) as split z of the tile's S
 // partials in part, take the tile's ticket; the last CTA to arrive adds the partials in the fixed order
 // z = 0, 1, … (the same bits whatever the arrival order) into red, resets the ticket and returns true; the
-// others return false.  Every partial of a thread's float4 is loaded before the adds (S ≤ 8 in flight).
+// others return false.  Each output's S ≤ 8 partials are loaded before the adds (8 registers: a float4 per
+// partial cost the skinny kernel 11 registers and an occupancy step).
 __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
-  const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
-  float4* p4 = reinterpret_cast<float4*>(part);
-  float4* r4 = reinterpret_cast<float4*>(red);
+  const int tid = threadIdx.x, nth = blockDim.x;
   __syncthreads();  // red complete
-  for (int i = tid; i < n4; i += nth) p4[z * n4 + i] = r4[i];
+  for (int i = tid; i < n / 4; i += nth)
+    reinterpret_cast<float4*>(part)[z * (n / 4) + i] = reinterpret_cast<const float4*>(red)[i];
   __threadfence();
   __syncthreads();
   if (tid == 0) *s_last = atomicAdd(ticket, 1) == S - 1;
   __syncthreads();
   if (!*s_last) return false;
   __threadfence();
-  for (int i = tid; i < n4; i += nth) {
-    float4 v[8];
+  for (int i = tid; i < n; i += nth) {
+    float v[8];
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz) v[zz] = zz < S ? __ldcg(part + zz * n + i) : 0.f;
+    float sum = 0.f;
 #pragma unroll
     for (int zz = 0; zz < 8; ++zz)
-      if (zz < S) v[zz] = __ldcg(p4 + zz * n4 + i);
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int zz = 0; zz < 8; ++zz)
-      if (zz < S) {
-        sum.x += v[zz].x;
-        sum.y += v[zz].y;
-        sum.z += v[zz].z;
-        sum.w += v[zz].w;
-      }
-    r4[i] = sum;
+      if (zz < S) sum += v[zz];
+    red[i] = sum;
   }
   if (tid == 0) *ticket = 0;
   return true;
