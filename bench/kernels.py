@@ -528,10 +528,12 @@ def geo(v):
 
 def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs, diag=()):
     today = datetime.date.today().isoformat()
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        head = os.environ.get("W12_REV", "unknown")
+    head = os.environ.get("W12_REV")  # the commit the package was copied from (a device copy's .git may lag)
+    if not head:
+        try:
+            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        except Exception:
+            head = "unknown"
     dirty = os.environ.get("W12_DIRTY", "")
     cmd = os.environ.get("W12_CMD", "PYTHONUNBUFFERED=1 python bench/kernels.py " + " ".join(sys.argv[1:]))
     L = [f"# W12 kernels vs cuBLAS BF16 — {today}", "",

@@ -102,8 +102,11 @@ def summarize(path, names, raw=None):
     st = stalls(raw) if raw else []
     print("| variant | kernel | " + " | ".join(cols) + " | top stalls (cycles per issue) |")
     print("|---" * (len(cols) + 3) + "|")
+    v = -1
     for i, key in enumerate(order):
-        name = names[i] if i < len(names) else "?"
+        helper = "splitKreduce" in key[1]  # cuBLAS's second kernel of a split-K call: the same variant
+        v += 0 if helper else 1
+        name = (names[v] if v < len(names) else "?") + (" (2nd kernel)" if helper else "")
         print(f"| {name} | {key[1]} | " + " | ".join(rows[key].get(c, "") for c in cols) +
               f" | {st[i] if i < len(st) else ''} |")
 
