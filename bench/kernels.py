@@ -279,8 +279,6 @@ def main():
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
-                    gc.CudaConfig(1, 4, 1, 1, 4), gc.CudaConfig(1, 8, 1, 3, 8), gc.CudaConfig(2, 8, 1, 2, 4),
-                    gc.CudaConfig(2, 4, 1, 1, 8),
                     gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16),
                     gc.TcConfig(2, 1, True), gc.TcConfig(4, 2, True), gc.TcConfig(8, 3, True), gc.TcConfig(16, 1, True),
                     gc.TcConfig(16, 2, True)):
@@ -316,11 +314,6 @@ def main():
                 err["w12_portable"] = max(err["w12_portable"], rel(mt.run(x, use_ptx=False), ref))
             for _ in range(9):
                 err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
-            if cuda_ok and m <= 16:  # the skinny kernel with the bulk-copy ring
-                for cb in bulk_candidates(m, n, k):
-                    y1 = mt.run(x, cuda=cb)
-                    err["bulk"] = max(err.get("bulk", 0.0), rel(y1, ref), rel(mt.run(x, view=True, cuda=cb), refq))
-                    err["det"] &= torch.equal(mt.run(x, cuda=cb), y1)
             if cuda_ok and m > 8:  # the wgmma tensor-core kernel (timed in its own column)
                 cw = gc.pick_tc_config(m, n, k, wg=True)
                 y1, yq1 = mt.run(x, cuda=cw), mt.run(x, view=True, cuda=cw)
@@ -337,9 +330,9 @@ def main():
         checks[(n, k)] = err
         mats[(n, k)] = mt
         print(f"check {n}x{k}: nnz={mt.nnz} max rel err w12 {err['w12']:.2e} triton {err['triton']:.2e} view {err['view']:.2e} "
-              f"wgmma {err.get('wg', 0.0):.2e} bulk {err.get('bulk', 0.0):.2e} "
+              f"wgmma {err.get('wg', 0.0):.2e} "
               f"portable {err['w12_portable']:.2e} bitwise-deterministic x10 {err['det']}")
-        assert err["w12"] < 1e-2 and err["view"] < 1e-2 and err.get("wg", 0.0) < 1e-2 and err.get("bulk", 0.0) < 1e-2 and err["det"], "correctness check failed"
+        assert err["w12"] < 1e-2 and err["view"] < 1e-2 and err.get("wg", 0.0) < 1e-2 and err["det"], "correctness check failed"
     torch.cuda.empty_cache()
 
     # ---- 2c. CUDA graph capture and torch.compile of the op
@@ -455,11 +448,6 @@ def main():
             if 8 < m <= 64 and kind:  # the other CUDA kernel: skinny if a tensor-core one is dispatched, else mma.sync
                 alt = gc.pick_config(m, n, k) if kind != "skinny" else gc.pick_tc_config(m, n, k)
                 t_other = bench(lambda: mt.run(x, cuda=alt))
-            t_bulk = t_bulkv = None  # the skinny kernel with the bulk-copy ring: the best candidate, W12 and view
-            if m in (1, 8, 16) and cuda_ok:
-                t_bulk, cb_best = min(((bench(lambda: mt.run(x, cuda=cb)), cb) for cb in bulk_candidates(m, n, k)),
-                                      key=lambda r: r[0])
-                t_bulkv = min(bench(lambda: mt.run(x, view=True, cuda=cb)) for cb in bulk_candidates(m, n, k))
             t_wg = t_wgv = None  # the wgmma tensor-core kernel, W12 and view
             if m > 8 and cuda_ok:
                 cw = gc.pick_tc_config(m, n, k, wg=True)
@@ -477,8 +465,7 @@ def main():
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
                              c_cublas=c_cb, c_w12=c_w, c_view=c_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
-                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, other=t_other, wg=t_wg, wgv=t_wgv,
-                             bulk=t_bulk, bulkv=t_bulkv, bulk_cfg=str(cb_best) if t_bulk else None))
+                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, other=t_other, wg=t_wg, wgv=t_wgv))
     print("dispatched vs the other CUDA kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched (config) | other")
     for r in rows:
         if r.get("other"):
@@ -494,26 +481,7 @@ def main():
         print(f"  M={m}: geomean W12 dispatched {geo([r['cublas'] / r['w12'] for r in sel]):.3f}, wgmma "
               f"{geo([r['cublas'] / r['wg'] for r in sel]):.3f} (min {min(r['cublas'] / r['wg'] for r in sel):.3f}), "
               f"wgmma view {geo([r['cublas'] / r['wgv'] for r in sel]):.3f}")
-    print("bulk-copy ring (skinny kernel), do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched | bulk W12 (best config) | bulk view (best)")
-    for r in rows:
-        if r.get("bulk"):
-            print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}) | "
-                  f"{r['bulk']:.1f} ({r['cublas'] / r['bulk']:.2f}, {r['bulk_cfg']}) | {r['bulkv']:.1f} ({r['cublas'] / r['bulkv']:.2f})")
-    for m in sorted({r["m"] for r in rows if r.get("bulk")}):
-        sel = [r for r in rows if r["m"] == m and r.get("bulk")]
-        print(f"  M={m}: geomean W12 dispatched {geo([r['cublas'] / r['w12'] for r in sel]):.3f}, bulk "
-              f"{geo([r['cublas'] / r['bulk'] for r in sel]):.3f} (min {min(r['cublas'] / r['bulk'] for r in sel):.3f}), "
-              f"best of the two {geo([r['cublas'] / min(r['bulk'], r['w12']) for r in sel]):.3f}; view dispatched "
-              f"{geo([r['cublas'] / r['view'] for r in sel]):.3f}, bulk view {geo([r['cublas'] / r['bulkv'] for r in sel]):.3f}")
     write_results(rows, checks, args, dev, graph_ok, comp_ok, time.time() - t_start, diag)
-
-
-def bulk_candidates(m, n, k):
-    """The bulk-ring skinny kernel (M ≤ 16): 4 or 8 warps × 4 or 8 records in flight per warp (8 × 8 only at
-    nt = 1: the ring holds X rows too), split K as pick_config."""
-    base = gc.pick_config(m, n, k)
-    return [gc.CudaConfig(base.nt, w, 1, base.split, b) for w, b in ((4, 4), (4, 8), (8, 4), (8, 8))
-            if base.nt == 1 or (w, b) != (8, 8)]
 
 
 def cuda_candidates(m):

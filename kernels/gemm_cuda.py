@@ -25,7 +25,6 @@ class CudaConfig:
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
     unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
-    bulk: int = 0  # 0, or 4 / 8: records per warp in flight as bulk copies into shared memory (unroll 1)
 
 
 TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
@@ -190,18 +189,7 @@ def _load_override():
 _load_override()
 
 
-# W12_CUDA_BULK=4|8 (measurements): the skinny kernel's bulk-copy ring for M ≤ 16, the table's warps and split
-BULK = int(os.environ.get("W12_CUDA_BULK", "0"))
-
-
 def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
-    cfg = _pick_config(m, n, k, view)
-    if BULK and cfg.nt <= 2 and not (BULK == 8 and cfg.nt == 2 and cfg.warps == 8):
-        return CudaConfig(cfg.nt, cfg.warps, 1, cfg.split, BULK)
-    return cfg
-
-
-def _pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     nt = _nt_for(m)
     hit = TABLE.get((n, k, 8 * nt, view))
     if hit is not None:
@@ -291,7 +279,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
         err = library().w12_gemv(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, cfg.bulk, _p(ws), _p(tk), stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

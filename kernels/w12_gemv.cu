@@ -126,26 +126,6 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
   }
 }
 
-// ---- mbarrier + bulk copy (sm_90): a warp's ring of record slices filled by the copy engine
-__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred P;\nW12_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
-      "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
-}
-
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
 template <int NT, bool VIEW, int U>
@@ -231,10 +211,10 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
-constexpr int SLICE = 1536;  // a warp's slice of one record in the bulk ring: 16 rows of view bytes, then nibbles
-
-// (a 64-register cap for M ≤ 8, so that 32 warps fit on an SM, measured slower: 2026-11-29-kernels-cuda-h200-s4.md)
-template <int NT, bool VIEW, int WARPS, int U, int BULK>
+// (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
+// fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
+// register pipeline, commit 0a392d7)
+template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -279,76 +259,18 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  if (BULK == 0) {
-    Group<NT, VIEW, U> ga, gb;
-    ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
-    gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-    if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  Group<NT, VIEW, U> ga, gb;
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
 
-    // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-    for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
-      ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
-      ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-      gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
-      gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    }
-  } else {
-    // ---- bulk ring (NT ≤ 2): lane 0 of each warp keeps BULK of the warp's records (kb = a + warp + WARPS·j)
-    // in flight as bulk copies into the warp's slots: 16 rows of view bytes (1 KB) and of nibbles (512 B),
-    // both contiguous in the record, and the record's 64 columns of each valid X row (128 B each; the
-    // rows ≥ M stay zero), completion counted in bytes on one mbarrier per slot.  The warp waits on slot
-    // j % BULK with parity (j / BULK) & 1, reads its words, and lane 0 refills the slot.
-    constexpr int SL = SLICE + (BULK > 0 ? MT * 128 : 0), NB_ = BULK > 0 ? BULK : 1;
-    extern __shared__ __align__(128) uint8_t dyn[];
-    uint8_t* ring = dyn + warp * NB_ * SL;
-    __shared__ uint64_t s_bar[WARPS * NB_];
-    uint64_t* bar = s_bar + warp * NB_;
-    const int k0 = a + warp, nj = k0 < b ? (b - k0 + WARPS - 1) / WARPS : 0, mv = min(MT, M - m0);
-    const uint32_t bytes = (VIEW ? 1024 : SLICE) + 128 * mv;
-    auto issue = [&](int j) {
-      const int kb = k0 + WARPS * j;
-      const uint8_t* r = base + (size_t)kb * REC;
-      uint8_t* d = ring + (j % NB_) * SL;
-      uint64_t* br = bar + j % NB_;
-      mbar_expect(br, bytes);
-      bulk_g2s(d, r + r0 * 64, 1024, br);
-      if (!VIEW) bulk_g2s(d + 1024, r + VIEW_BYTES + r0 * 32, 512, br);
-      for (int m = 0; m < mv; ++m) bulk_g2s(d + SLICE + m * 128, x + (size_t)(m0 + m) * ldx + kb * 64, 128, br);
-    };
-    for (int i = lane; i < NB_ * (MT - mv) * 8; i += 32) {  // X rows ≥ M: zero once, never copied over
-      const int sl = i / ((MT - mv) * 8), q = i % ((MT - mv) * 8);
-      *reinterpret_cast<uint4*>(ring + sl * SL + SLICE + mv * 128 + 16 * q) = make_uint4(0, 0, 0, 0);
-    }
-    if (lane == 0) {
-      for (int j = 0; j < NB_; ++j) mbar_init(bar + j, 1);
-      mbar_init_fence();
-      for (int j = 0; j < min(NB_, nj); ++j) issue(j);
-    }
-    __syncwarp();
-    if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-    if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
-    const int sv0 = g * 64 + 16 * t, sv1 = sv0 + 8 * 64, sn0 = 1024 + g * 32 + 16 * (t & 1), sn1 = sn0 + 8 * 32;
-    for (int j = 0; j < nj; ++j) {
-      const uint8_t* sl = ring + (j % NB_) * SL;
-      mbar_wait(bar + j % NB_, (uint32_t)(j / NB_) & 1u);
-      const uint4 va = *reinterpret_cast<const uint4*>(sl + sv0), vb = *reinterpret_cast<const uint4*>(sl + sv1);
-      uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
-      if (!VIEW) {
-        na = *reinterpret_cast<const uint4*>(sl + sn0);
-        nbw = *reinterpret_cast<const uint4*>(sl + sn1);
-      }
-      uint4 ya[NT], yb[NT];  // X row 8jj + g, columns 16t .. 16t + 15
-#pragma unroll
-      for (int jj = 0; jj < NT; ++jj) {
-        const uint4* xq = reinterpret_cast<const uint4*>(sl + SLICE + (8 * jj + g) * 128 + 32 * t);
-        ya[jj] = xq[0];
-        yb[jj] = xq[1];
-      }
-      record_mma<NT, VIEW>(acc, va, vb, na, nbw, ya, yb, nsh);
-      __syncwarp();  // every lane's words of the slot are in registers (consumed above): refill it
-      if (lane == 0 && j + BULK < nj) issue(j + BULK);
-    }
+  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
+  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -761,18 +683,10 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
 };
 
-template <int NT, bool VIEW, int WARPS, int U, int BULK>
+template <int NT, bool VIEW, int WARPS, int U>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
-  auto kern = w12_gemv_kernel<NT, VIEW, WARPS, U, BULK>;
-  constexpr int smem = WARPS * BULK * (SLICE + 8 * NT * 128);  // the bulk ring (dynamic shared memory; with the static part
-  static bool set = false;                    // it may pass 48 KB, which needs the opt-in)
-  if (smem > 0 && !set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return e;
-    set = true;
-  }
-  kern<<<grid, WARPS * 32, smem, stream>>>(
+  w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
       (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo,
       (const int32_t*)a.toff, (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
       (int*)a.tickets);
@@ -780,13 +694,10 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, int bulk, const Args& a, cudaStream_t st) {
-#define W12_CASE(W, UU, B) \
-  if (warps == W && unroll == UU && bulk == B) return launch_t<NT, VIEW, W, UU, B>(a, st);
-  W12_CASE(4, 1, 0) W12_CASE(4, 2, 0) W12_CASE(8, 1, 0) W12_CASE(8, 2, 0)
-  if constexpr (NT <= 2) {  // the bulk ring holds X too: 8·NT rows of 128 B per slot
-    W12_CASE(4, 1, 4) W12_CASE(4, 1, 8) W12_CASE(8, 1, 4) W12_CASE(8, 1, 8)
-  }
+cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
+#define W12_CASE(W, UU) \
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
+  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
 #undef W12_CASE
   return cudaErrorInvalidValue;
 }
@@ -794,20 +705,18 @@ cudaError_t launch_wu(int warps, int unroll, int bulk, const Args& a, cudaStream
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
-// records per pipeline stage per warp (1, 2; two stages in flight); bulk: 0, or the records per warp kept
-// in flight by bulk copies into shared memory (4 or 8, with unroll 1, nt ≤ 2; the ring of 8 warps × 8
-// records at nt = 2 does not fit) instead of the register pipeline; split: CTAs along K (split > 1 needs
+// records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, int bulk, void* ws, void* tickets, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split};
 #define W12_NT(NTV) \
-  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, bulk, a, st) : launch_wu<NTV, false>(warps, unroll, bulk, a, st);
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
