@@ -427,6 +427,15 @@ def main():
             diag.append((f"{n}x{k} M=1 W12 CUDA, escape epilogue skipped (wrong result, timing only)", bench(
                 lambda: gc.launch(x1, mt.records, mt.exps, n, no_esc, no_offs, no_cols, config=cfg), clean=True)))
             diag.append((f"{n}x{k} M=1 view CUDA", bench(lambda: mt.op(x1, view=True), clean=True)))
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for (n, k), mt in mats.items():  # M = 1: how many waves the dispatched skinny config runs in
+            try:
+                cfg, x1 = gc.pick_config(1, n, k), torch.randn(1, k, device="cuda").to(torch.bfloat16)
+                ctas, per_sm = (n + 127) // 128 * 8 * cfg.split, gc.blocks_per_sm(cfg)
+                diag.append((f"{n}x{k} M=1 {cfg}: {ctas} CTAs, {per_sm} per SM -> {ctas / (per_sm * sms):.2f} waves "
+                             "(value: µs of the W12 call)", bench(lambda: mt.op(x1), clean=True)))
+            except Exception as e:  # a diagnostic: report, go on
+                print(f"diag waves {n}x{k}: {type(e).__name__}: {e}")
         for name, t in diag:
             print(f"diag {t:8.1f} µs  {name}")
 

@@ -285,6 +285,18 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     return y
 
 
+def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
+    """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
+    memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
+    import ctypes
+
+    blocks = ctypes.c_int(0)
+    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, ctypes.byref(blocks))
+    if err != 0:
+        raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
+    return blocks.value
+
+
 def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):
     """(ws, tickets) of a split-K launch (placeholders when split == 1)."""
     if split == 1:

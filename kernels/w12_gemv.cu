@@ -681,10 +681,13 @@ struct Args {
   const void *x, *rec, *expo, *toff, *tent;
   void *y, *ws, *tickets;
   int M, ldx, ldy, N, NB, KB, split;
+  int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
+  if (a.occupancy)
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
   dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
       (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo,
@@ -702,6 +705,15 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
   return cudaErrorInvalidValue;
 }
 
+// the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_t st) {
+#define W12_NT(NTV) \
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
+  W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
+#undef W12_NT
+  return (int)cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
@@ -712,14 +724,17 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
                         int unroll, int split, void* ws, void* tickets, void* stream) {
-  cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split};
-#define W12_NT(NTV) \
-  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
-  W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
-#undef W12_NT
-  return (int)cudaErrorInvalidValue;
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr};
+  return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
+}
+
+// The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
+// CTAs / (blocks · SMs) that bench/kernels.py reports.  Returns a cudaError_t; *blocks gets the count.
+extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* blocks) {
+  Args a{};
+  a.occupancy = blocks;
+  return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
