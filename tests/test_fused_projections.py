@@ -20,6 +20,7 @@ from w12.convert.convert import convert
 from w12.formats.matrix import W12Matrix
 from w12.runtime.fused import FUSED_NAMES, fused_groups
 from w12.runtime.w12_linear import BUFFER_NAMES, W12Linear, prepare, set_cpu_gemm_op
+from checkpoints import read_tensors  # tests/checkpoints.py
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, CompileConfig  # noqa: E402
@@ -355,17 +356,6 @@ def test_llama_from_pretrained_fuses_and_generates_the_same_tokens(llama, gemm_o
         assert_same(default(ids).logits, AutoModelForCausalLM.from_pretrained(src)(ids).logits)
 
 
-def _tensors(folder):
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, f), "pt") as g:
-                out.update({k: g.get_tensor(k) for k in g.keys()})
-    return out
-
-
 @pytest.mark.parametrize("shard", [None, "300KB"])
 def test_save_pretrained_of_a_fused_model_round_trips(llama, gemm_op, monkeypatch, tmp_path, shard):
     src, dst = llama
@@ -377,7 +367,7 @@ def test_save_pretrained_of_a_fused_model_round_trips(llama, gemm_op, monkeypatc
     report = verify(out)
     assert report.ok and report.matrices == 14, report.mismatches
     assert verify(out, src).ok
-    a, b = _tensors(out), _tensors(dst)
+    a, b = read_tensors(out), read_tensors(dst)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "w12"
     assert fused_groups(model) == 4  # saving leaves the model fused

@@ -15,6 +15,7 @@ import torch
 import w12
 from w12.convert.checkpoint import verify
 from w12.convert.convert import Options, convert
+from checkpoints import read_tensors  # tests/checkpoints.py
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModel, AutoModelForCausalLM, CompileConfig  # noqa: E402
@@ -206,17 +207,6 @@ def test_dequantize_is_exact(tiny):
 # ---------------------------------------------------------------------------------------------
 # on-the-fly conversion and save_pretrained
 # ---------------------------------------------------------------------------------------------
-def _tensors(folder):
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, f), "pt") as g:
-                out.update({k: g.get_tensor(k) for k in g.keys()})
-    return out
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_on_the_fly_then_sharded_save_round_trip(tiny, kind, tmp_path):
     src, converted = tiny[kind]
@@ -237,7 +227,7 @@ def test_on_the_fly_then_sharded_save_round_trip(tiny, kind, tmp_path):
     report = verify(out, src)  # against the original BF16 checkpoint, by bits
     assert report.ok, report.mismatches
     # same tensors, byte for byte, as `w12 convert`; same quantization_config where it matters
-    a, b = _tensors(out), _tensors(converted)
+    a, b = read_tensors(out), read_tensors(converted)
     assert set(a) == set(b)
     for k in a:
         assert torch.equal(a[k].view(torch.uint8) if a[k].dim() else a[k], b[k].view(torch.uint8) if b[k].dim() else b[k]), k
@@ -254,7 +244,7 @@ def test_save_of_a_loaded_checkpoint_verifies(tiny, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(dst)
     model.save_pretrained(tmp_path / "again")
     assert verify(tmp_path / "again", src).ok
-    a, b = _tensors(tmp_path / "again"), _tensors(dst)
+    a, b = read_tensors(tmp_path / "again"), read_tensors(dst)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
