@@ -6,8 +6,8 @@
 Same contract and same tensors as kernels/gemm.py's Triton launcher (records u8 [NB, KB, 12288],
 exponents u8 [N_PAD], escapes i16 [nnz, 2], esc_offsets/esc_cols from `gemm.prepare_escapes`; esc_cols
 carries this kernel's per-tile escape lists after the Triton kernel's columns, see `tile_escapes`).  The
-CUDA kernels cover Hopper, the shapes `kernel_for` names (M ≤ 128), K a multiple of 64 and 16-byte-aligned X rows; everything else runs
-the Triton kernel.  Deterministic: warp partials (and split-K CTA partials) are added in a fixed order.
+CUDA kernels cover Hopper, the shapes `kernel_for` names (M ≤ 128), K a multiple of 64 and 16-byte-aligned
+X rows; everything else runs the Triton kernel.  Deterministic: warp partials (and split-K CTA partials) are added in a fixed order.
 """
 
 import os
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from . import cuda_build
-
 
 
 @dataclass(frozen=True)
@@ -262,10 +261,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         toff = tent = _p(exponents)  # unused by the view kernel
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
-    if config is None:
-        kind = kernel_for(m, n, k)
-        config = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k, wg=kind == "wgmma")
     cfg = config
+    if cfg is None:
+        kind = kernel_for(m, n, k)
+        cfg = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k, wg=kind == "wgmma")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, TcConfig):
