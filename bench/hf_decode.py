@@ -17,7 +17,9 @@ W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.p
 each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is fused).
 
 Decode tokens/s = (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are
-subtracted, so the figure is the steady per-token rate.
+subtracted, so the figure is the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
+the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
+batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps).
 """
 
 from __future__ import annotations
@@ -100,6 +102,52 @@ def storage_bytes(model) -> int:
     return sum(seen.values())
 
 
+# one decode step's projections, in call order per decoder layer (siblings that share an input run together,
+# so a fused W12 group runs its one GEMM), then the LM head
+UNITS = (("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")), ("o", ("self_attn.o_proj",)),
+         ("gate_up", ("mlp.gate_proj", "mlp.up_proj")), ("down", ("mlp.down_proj",)))
+
+
+def gemm_breakdown(model, reps: int = 5) -> dict:
+    """µs per generated token spent in the projections at batch 1, by kind and in total: every layer's
+    modules called once on a random bf16 row, captured in one CUDA graph per kind (weights read cold from
+    HBM as in decoding, no L2 flush needed: one layer's weights exceed the L2), median of `reps` replays."""
+    layers = model.model.layers
+    hidden = model.config.hidden_size
+    x = torch.randn(1, 1, hidden, device="cuda").to(torch.bfloat16)
+    xd = torch.randn(1, 1, model.config.intermediate_size, device="cuda").to(torch.bfloat16)
+
+    def calls(kind, names):
+        if kind == "lm_head":
+            return [lambda: model.lm_head(x)]
+        inp = xd if kind == "down" else x
+        return [lambda layer=layer: [layer.get_submodule(n)(inp) for n in names] for layer in layers]
+
+    out = {}
+    with torch.no_grad():
+        for kind, names in UNITS + (("lm_head", ()),):
+            fns = calls(kind, names)
+            for f in fns:  # warm up outside the capture
+                f()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for f in fns:
+                    f()
+            times = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) * 1e3)
+            out[kind] = sorted(times)[reps // 2]
+            del graph
+    out["total"] = sum(out.values())
+    return out
+
+
 def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config, repeats: int,
             fuse: bool | None = None) -> dict:
     from w12.runtime.fused import fused_groups
@@ -130,6 +178,12 @@ def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compi
            "weights_and_buffers_bytes": storage_bytes(model), "max_cuda_mem_bytes": mem,
            "compiled": getattr(model, "_compiled_call", None) is not None,
            "tokens": full[0][0, ids.shape[1]:].tolist()}
+    if device.startswith("cuda"):  # where a token's time goes: projections vs everything else
+        try:
+            res["gemm_us_per_token"] = gemm_breakdown(model)
+            res["other_us_per_token"] = 1e6 / res["decode_tok_s"] - res["gemm_us_per_token"]["total"]
+        except Exception as e:  # a diagnostic: the decode figures above stand without it
+            res["gemm_us_per_token"] = f"failed: {type(e).__name__}: {e}"[:300]
     del model
     gc.collect()
     if device.startswith("cuda"):
