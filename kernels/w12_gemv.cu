@@ -357,7 +357,11 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
 // the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
 // added in the epilogue from global memory, after the others: still list order).  Split K as in the
-// skinny kernel (partials in ws, tickets, fixed order).
+// skinny kernel (splitk_last: partials in ws, tickets, fixed order).
+// Two MMA forms (template WG): mma.sync m16n8k16 per warp (each warp reads every X fragment from shared
+// memory), or wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage
+// once per warpgroup; A = the same decoded fragments, from registers).  wgmma reads B in k order, so for WG
+// the X stage holds each record's column pairs at the k positions the decode's lane order needs (x_off).
 constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
 
 // X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
