@@ -257,38 +257,17 @@ def calibrated_order(lat: Lattice, cal: EdgeCalibration, max_depth: int | None =
     """`best_first_order` with calibrated edge scores: lazily yield (parent index, rank, Σ log q) best
     first, q = min(ceil, mult · cal.prob(...)) < 1, so scores never increase and any prefix of the order is
     a prefix-closed tree (a child is queued only once its parent is emitted)."""
-    D = lat.positions if max_depth is None else min(max_depth, lat.positions)
-    if D <= 0:
-        return
-    nodes, depth, chain, orders, heap, tie = [(-1, -1, 0.0)], [0], [True], {}, [], 0
+    def scores(d0: int, prev, on_chain: bool):
+        raw = _child_order(lat, d0, prev, cal.conditioned)
+        p1 = math.exp(raw[0][0]) if raw else 0.0
+        sc, lo = [], 0.0
+        for i, (s, r) in enumerate(raw):
+            q = math.log(min(cal.ceil, mult * cal.prob(d0 + 1, on_chain, i, math.exp(s), p1)))
+            lo = min(lo, q) if cal.keep_order else q
+            sc.append((lo, r))
+        return sorted(sc, key=lambda x: -x[0])          # stable: the drafter's order on ties
 
-    def push(p: int, c: int):
-        nonlocal tie
-        if p not in orders:
-            d = depth[p] + 1
-            raw = _child_order(lat, depth[p], nodes[p][1] if p else None, cal.conditioned)
-            p1 = math.exp(raw[0][0]) if raw else 0.0
-            sc, lo = [], 0.0
-            for i, (s, r) in enumerate(raw):
-                q = math.log(min(cal.ceil, mult * cal.prob(d, chain[p], i, math.exp(s), p1)))
-                lo = min(lo, q) if cal.keep_order else q
-                sc.append((lo, r))
-            orders[p] = sorted(sc, key=lambda x: -x[0])          # stable: the drafter's order on ties
-        if c < len(orders[p]):
-            heapq.heappush(heap, (-(nodes[p][2] + orders[p][c][0]), tie, p, c))
-            tie += 1
-
-    push(0, 0)
-    while heap:
-        neg, _, p, c = heapq.heappop(heap)
-        r = orders[p][c][1]
-        nodes.append((p, r, -neg))
-        depth.append(depth[p] + 1)
-        chain.append(chain[p] and r == 0)
-        push(p, c + 1)
-        if depth[-1] < D:
-            push(len(nodes) - 1, 0)
-        yield nodes[-1]
+    yield from best_first_order(lat, max_depth, child_scores=scores)
 
 
 @dataclass

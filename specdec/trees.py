@@ -105,7 +105,7 @@ def chain(lat: Lattice, root: int, budget: int, max_depth: int | None = None, co
     return _make(lat, root, nodes)
 
 
-def best_first_order(lat: Lattice, max_depth: int | None = None, conditioned: bool = True):
+def best_first_order(lat: Lattice, max_depth: int | None = None, conditioned: bool = True, child_scores=None):
     """Lazily yield the nodes of highest path score Σ s(child | parent), best first: (parent index, rank,
     path score), root excluded (node i of the output is index i + 1 of the tree); scores non-increasing.
 
@@ -113,16 +113,21 @@ def best_first_order(lat: Lattice, max_depth: int | None = None, conditioned: bo
     head. Heap entries are (−(score(parent) + s_c), tie, parent, c): "the c-th best child of parent".
     Popping one emits the node and pushes its next sibling (c+1) and its own best child (0). Each pop is
     the best remaining node whose parent is emitted, so any prefix of the order is the exact top set.
+
+    `child_scores(parent depth, parent rank or None, on_chain)` -> [(s, rank)] best first replaces the
+    drafter's scores (on_chain: the parent is the all-rank-0 path); batching.calibrated_order uses it.
     """
     D = lat.positions if max_depth is None else min(max_depth, lat.positions)
     if D <= 0:
         return
-    nodes, depth, orders, heap, tie = [(-1, -1, 0.0)], [0], {}, [], 0
+    nodes, depth, chain, orders, heap, tie = [(-1, -1, 0.0)], [0], [True], {}, [], 0
 
     def push(p: int, c: int):
         nonlocal tie
         if p not in orders:
-            orders[p] = _child_order(lat, depth[p], nodes[p][1] if p else None, conditioned)
+            prev = nodes[p][1] if p else None
+            orders[p] = (child_scores(depth[p], prev, chain[p]) if child_scores is not None
+                         else _child_order(lat, depth[p], prev, conditioned))
         if c < len(orders[p]):
             heapq.heappush(heap, (-(nodes[p][2] + orders[p][c][0]), tie, p, c))
             tie += 1
@@ -130,8 +135,10 @@ def best_first_order(lat: Lattice, max_depth: int | None = None, conditioned: bo
     push(0, 0)
     while heap:
         neg, _, p, c = heapq.heappop(heap)
-        nodes.append((p, orders[p][c][1], -neg))
+        r = orders[p][c][1]
+        nodes.append((p, r, -neg))
         depth.append(depth[p] + 1)
+        chain.append(chain[p] and r == 0)
         push(p, c + 1)
         if depth[-1] < D:
             push(len(nodes) - 1, 0)
