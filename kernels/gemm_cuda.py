@@ -296,6 +296,23 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     return blocks.value
 
 
+def prefetch_l2(records: torch.Tensor, max_bytes: int, n: int | None = None, mode: int = 0) -> int:
+    """Queue L2 prefetches of the first ≤ max_bytes of records (whole 12 KB records) in the order the M = 1
+    skinny launch reads them: kb-major over the record rows its first wave of CTAs covers.  Returns the bytes
+    asked for.  The prefetch kernel only issues the requests (mode 0: bulk, 1: per 128-byte line)."""
+    nb, kb = records.shape[:2]
+    n = nb * 128 if n is None else n
+    cfg = pick_config(1, n, kb * 64)
+    sms = torch.cuda.get_device_properties(records.device).multi_processor_count
+    rows = nb if cfg.split > 1 else max(1, min(nb, blocks_per_sm(cfg) * sms // 8))
+    count = min(rows * kb, max_bytes // 12288)
+    stream = _vp(torch.cuda.current_stream(records.device).cuda_stream)
+    err = library().w12_prefetch(_p(records), rows, kb, count, mode, stream)
+    if err != 0:
+        raise RuntimeError(f"W12 L2 prefetch failed: cudaError {err} (rows {rows}, KB {kb}, count {count})")
+    return count * 12288
+
+
 def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):
     """(ws, tickets) of a split-K launch (placeholders when split == 1)."""
     if split == 1:
