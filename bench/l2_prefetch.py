@@ -69,7 +69,7 @@ class Step:
         ang = torch.rand(1, 1, 1, HD, device=dev)
         self.cos, self.sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
         self.h0 = torch.randn(1, H, device=dev).to(torch.bfloat16)
-        self.side = torch.cuda.Stream()
+        self.side, self.pending = torch.cuda.Stream(), False
         self.norm_add = torch.compile(norm_add, dynamic=False, fullgraph=True)
         self.attention = torch.compile(attention, dynamic=False, fullgraph=True)
         self.silu_mul = torch.compile(silu_mul, dynamic=False, fullgraph=True)
@@ -82,6 +82,7 @@ class Step:
                 self.side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(self.side):
                     gc.prefetch_l2(nxt.records, budget, nxt.n, mode)
+                self.pending = True
             else:
                 gc.prefetch_l2(nxt.records, budget, nxt.n, mode)
         return y
@@ -94,8 +95,9 @@ class Step:
             nxt_qkv = self.mats[i + 1]["qkv"] if i + 1 < L else None
 
             def join():
-                if side:
+                if side and self.pending:
                     torch.cuda.current_stream().wait_stream(self.side)
+                    self.pending = False
 
             h, a = self.norm_add(h, r, self.nw) if glue else (h, h)
             join()
@@ -109,7 +111,9 @@ class Step:
             mlp = self.silu_mul(gu) if glue else gu[:, :FF]
             join()
             r = self.gemm(m["dn"], mlp, pf, nxt_qkv) if gemms else mlp[:, :H]
-        join()
+        if side and self.pending:
+            torch.cuda.current_stream().wait_stream(self.side)
+            self.pending = False
         return h + r
 
 
