@@ -51,13 +51,19 @@ def llama_config(tiny: bool):
                       "original_max_position_embeddings": 8192})
 
 
-def build_checkpoints(cfg, workdir: str, device: str, seed: int) -> tuple[str, str]:
-    """Random BF16 model (built on `device`, N(0, 0.02) weights) -> workdir/bf16, converted -> workdir/w12."""
+def w12_dirname(lm_head: str) -> str:
+    return "w12" if lm_head == "w12" else "w12-bf16-lm-head"
+
+
+def build_checkpoints(cfg, workdir: str, device: str, seed: int, lm_head: str = "w12") -> tuple[str, str]:
+    """Random BF16 model (built on `device`, N(0, 0.02) weights) -> workdir/bf16, converted -> workdir/w12
+    (lm_head="w12": `w12 convert --exclude '*embed*'`, the untied LM head converted too; "bf16": the
+    converter's default exclude, LM head kept in BF16)."""
     from transformers import LlamaForCausalLM
 
-    from w12.convert.convert import convert
+    from w12.convert.convert import DEFAULT_EXCLUDE, Options, convert
 
-    bf16_dir, w12_dir = os.path.join(workdir, "bf16"), os.path.join(workdir, "w12")
+    bf16_dir, w12_dir = os.path.join(workdir, "bf16"), os.path.join(workdir, w12_dirname(lm_head))
     torch.manual_seed(seed)
     t = time.perf_counter()
     with torch.device(device):
@@ -67,7 +73,8 @@ def build_checkpoints(cfg, workdir: str, device: str, seed: int) -> tuple[str, s
     gc.collect()
     print(f"built and saved the BF16 checkpoint in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     t = time.perf_counter()
-    convert(bf16_dir, w12_dir, overwrite=True)
+    exclude = ("*embed*",) if lm_head == "w12" else DEFAULT_EXCLUDE
+    convert(bf16_dir, w12_dir, Options(exclude=exclude), overwrite=True)
     print(f"converted to W12 in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return bf16_dir, w12_dir
 
@@ -207,6 +214,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", default=None, help="also write the result to this file")
     ap.add_argument("--fuse", choices=("on", "off", "both"), default="on",
                     help="W12 with fused q/k/v and gate/up GEMMs (on, the default on CUDA), without (off), or both")
+    ap.add_argument("--lm-head", choices=("w12", "bf16"), default="w12",
+                    help="convert the (untied) LM head too (w12, the default: lossless, so nothing argues against "
+                         "it) or keep it BF16 (the converter's default exclude, which SGLang's loader needs)")
     args = ap.parse_args(argv)
 
     import w12
@@ -228,11 +238,12 @@ def main(argv=None) -> dict:
     workdir = args.workdir or tempfile.mkdtemp(prefix="w12-hf-decode-")
     os.makedirs(workdir, exist_ok=True)
     try:
-        have = all(os.path.exists(os.path.join(workdir, d, "config.json")) for d in ("bf16", "w12"))
+        w12_name = w12_dirname(args.lm_head)
+        have = all(os.path.exists(os.path.join(workdir, d, "config.json")) for d in ("bf16", w12_name))
         if args.reuse and have:
-            bf16_dir, w12_dir = os.path.join(workdir, "bf16"), os.path.join(workdir, "w12")
+            bf16_dir, w12_dir = os.path.join(workdir, "bf16"), os.path.join(workdir, w12_name)
         else:
-            bf16_dir, w12_dir = build_checkpoints(cfg, workdir, device, args.seed)
+            bf16_dir, w12_dir = build_checkpoints(cfg, workdir, device, args.seed, args.lm_head)
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
         bf16 = run_one(bf16_dir, device, prompt, args.new_tokens, cc, args.repeats)
@@ -256,7 +267,7 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random weights)",
         "batch": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "compile_backend": backend, "fuse": args.fuse, "torch": torch.__version__,
+        "compile_backend": backend, "fuse": args.fuse, "lm_head": args.lm_head, "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "bf16": bf16, "w12": w12r,
         "speedup_w12_over_bf16": w12r["decode_tok_s"] / bf16["decode_tok_s"],

@@ -230,6 +230,7 @@ def main():
     ap.add_argument("--cuda-sweep", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shapes", type=int, default=len(SHAPES))
+    ap.add_argument("--sweep-ms", default="1,16,32,64", help="--cuda-sweep: the M values swept (comma-separated)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
@@ -393,7 +394,7 @@ def main():
                     assert rel(mt.run(x, cuda=cfg), ref) < 1e-2, f"cuda {cfg} {n}x{k}"
                 sweep_mats[(n, k)] = mt
         for (n, k), mt in sweep_mats.items():
-            for m in (1, 16, 32, 64):
+            for m in [int(v) for v in args.sweep_ms.split(",")]:
                 x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
                 for view in (False, True):
                     res = sorted(((bench(lambda: mt.run(x, view=view, cuda=c), clean=True), c) for c in cuda_candidates(m)),
@@ -496,6 +497,8 @@ def main():
 def cuda_candidates(m):
     nts = {gc._nt_for(m)} | ({gc._nt_for(m) // 2} if m > 8 else set())
     wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 2, 1)]
+    if m <= 8:
+        wus += [(4, 2, 1), (4, 2, 2), (8, 2, 2)]
     return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
 
 
