@@ -16,8 +16,14 @@ W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.p
 `--fuse off` loads it with W12_FUSE=0 (7 GEMMs per layer), `--fuse both` measures both. The JSON gives
 each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is fused).
 
-Decode tokens/s = (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are
-subtracted, so the figure is the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
+The LM head is converted too (`--lm-head w12`, the default: the untied head is an ordinary lossless W12
+matrix; `--lm-head bf16` keeps the converter's default exclude).
+
+Both (all) models are loaded and compiled first, then timed in rounds that take turns (BF16, W12, BF16, …;
+`--repeats` rounds, default 5), so whatever the machine does meanwhile hits both sides alike; each model's
+figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
+(new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
+the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
 batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps).
 """
@@ -155,48 +161,67 @@ def gemm_breakdown(model, reps: int = 5) -> dict:
     return out
 
 
-def run_one(path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config, repeats: int,
-            fuse: bool | None = None) -> dict:
-    from w12.runtime.fused import fused_groups
+class Entry:
+    """One loaded, compiled model and its measurements (load and warm-up at creation, timed rounds later)."""
 
-    t = time.perf_counter()
-    model = load(path, device, fuse)
-    load_s = time.perf_counter() - t
-    ids = prompt.to(device)
-    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, cache_implementation="static",
-              pad_token_id=0, compile_config=compile_config)
+    def __init__(self, path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config,
+                 fuse: bool | None = None):
+        from w12.runtime.fused import fused_groups
 
-    def gen(n):
-        sync(device)
+        self.device, self.new_tokens = device, new_tokens
+        cuda = device.startswith("cuda")
+        if cuda:
+            sync(device)
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        self.model = load(path, device, fuse)
+        load_s = time.perf_counter() - t
+        self.ids = prompt.to(device)
+        self.kw = dict(attention_mask=torch.ones_like(self.ids), do_sample=False, cache_implementation="static",
+                       pad_token_id=0, compile_config=compile_config)
+        self.rates, self.tokens = [], None
+        t = time.perf_counter()
+        self.tokens = self.gen(0)[0]  # compile + warm-up (the timed runs reuse the same static cache shape)
+        warm_s = time.perf_counter() - t
+        self.res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(self.model), "load_s": load_s,
+                    "warmup_s": warm_s, "weights_and_buffers_bytes": storage_bytes(self.model),
+                    "max_cuda_mem_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
+                    "compiled": getattr(self.model, "_compiled_call", None) is not None}
+
+    def gen(self, n: int):
+        """generate n new tokens (0: the entry's full length), synchronised; (tokens, seconds)."""
+        n = n or self.new_tokens
+        sync(self.device)
         t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        sync(device)
-        return out, time.perf_counter() - t0
+        out = self.model.generate(self.ids, max_new_tokens=n, min_new_tokens=n, **self.kw)
+        sync(self.device)
+        return out[0, self.ids.shape[1]:].tolist(), time.perf_counter() - t0
 
-    t = time.perf_counter()
-    gen(new_tokens)  # compile + warm-up (the timed full-length runs below reuse the same static cache shape)
-    warm_s = time.perf_counter() - t
-    full = min((gen(new_tokens) for _ in range(repeats)), key=lambda r: r[1])
-    first = min((gen(1) for _ in range(repeats)), key=lambda r: r[1])
-    decode_s = full[1] - first[1]
-    mem = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
-    res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(model), "load_s": load_s, "warmup_s": warm_s, "total_s": full[1], "prefill_and_first_s": first[1],
-           "decode_tok_s": (new_tokens - 1) / decode_s if decode_s > 0 else float("nan"),
-           "weights_and_buffers_bytes": storage_bytes(model), "max_cuda_mem_bytes": mem,
-           "compiled": getattr(model, "_compiled_call", None) is not None,
-           "tokens": full[0][0, ids.shape[1]:].tolist()}
-    if device.startswith("cuda"):  # where a token's time goes: projections vs everything else
-        try:
-            res["gemm_us_per_token"] = gemm_breakdown(model)
-            res["other_us_per_token"] = 1e6 / res["decode_tok_s"] - res["gemm_us_per_token"]["total"]
-        except Exception as e:  # a diagnostic: the decode figures above stand without it
-            res["gemm_us_per_token"] = f"failed: {type(e).__name__}: {e}"[:300]
-    del model
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    return res
+    def timed_round(self, new_tokens: int) -> float:
+        """One decode-rate sample: (new_tokens − 1) / (t(new_tokens) − t(1))."""
+        toks, full = self.gen(new_tokens)
+        _, first = self.gen(1)
+        self.tokens = toks
+        rate = (new_tokens - 1) / (full - first) if full > first else float("nan")
+        self.rates.append(rate)
+        return rate
+
+    def finish(self) -> dict:
+        """The entry's result (median rate over its rounds, the projections' breakdown); frees the model."""
+        res = dict(self.res, decode_tok_s=sorted(self.rates)[len(self.rates) // 2], round_tok_s=self.rates)
+        if self.device.startswith("cuda"):  # where a token's time goes: projections vs everything else
+            try:
+                res["gemm_us_per_token"] = gemm_breakdown(self.model)
+                res["other_us_per_token"] = 1e6 / res["decode_tok_s"] - res["gemm_us_per_token"]["total"]
+            except Exception as e:  # a diagnostic: the decode figures above stand without it
+                res["gemm_us_per_token"] = f"failed: {type(e).__name__}: {e}"[:300]
+        res["tokens"] = self.tokens
+        del self.model
+        gc.collect()
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        return res
 
 
 def main(argv=None) -> dict:
@@ -205,7 +230,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--device", default=None, help="default: cuda (cpu with --tiny)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (the fastest is kept)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed rounds per model; the loaded models take turns round by round and each keeps its "
+                         "median rate (so machine noise hits both sides alike)")
     ap.add_argument("--workdir", default=None, help="where the checkpoints go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints in --workdir")
     ap.add_argument("--reuse", action="store_true", help="reuse workdir/bf16 and workdir/w12 if present")
@@ -246,10 +273,17 @@ def main(argv=None) -> dict:
             bf16_dir, w12_dir = build_checkpoints(cfg, workdir, device, args.seed, args.lm_head)
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
-        bf16 = run_one(bf16_dir, device, prompt, args.new_tokens, cc, args.repeats)
-        w12r = run_one(w12_dir, device, prompt, args.new_tokens, cc, args.repeats, fuse=args.fuse != "off")
-        unfused = (run_one(w12_dir, device, prompt, args.new_tokens, cc, args.repeats, fuse=False)
-                   if args.fuse == "both" else None)
+        entries = {"bf16": Entry(bf16_dir, device, prompt, args.new_tokens, cc)}
+        entries["w12"] = Entry(w12_dir, device, prompt, args.new_tokens, cc, fuse=args.fuse != "off")
+        if args.fuse == "both":
+            entries["w12_unfused"] = Entry(w12_dir, device, prompt, args.new_tokens, cc, fuse=False)
+        for r in range(args.repeats):
+            line = {name: e.timed_round(args.new_tokens) for name, e in entries.items()}
+            print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items())
+                  + f"; W12/BF16 {line['w12'] / line['bf16']:.3f}", file=sys.stderr)
+        ratios = [w / b for w, b in zip(entries["w12"].rates, entries["bf16"].rates)]
+        bf16, w12r = entries.pop("bf16").finish(), entries.pop("w12").finish()
+        unfused = entries.pop("w12_unfused").finish() if args.fuse == "both" else None
     finally:
         if not (args.keep or args.workdir):
             shutil.rmtree(workdir, ignore_errors=True)
@@ -271,6 +305,7 @@ def main(argv=None) -> dict:
         "transformers": __import__("transformers").__version__,
         "bf16": bf16, "w12": w12r,
         "speedup_w12_over_bf16": w12r["decode_tok_s"] / bf16["decode_tok_s"],
+        "round_ratios": ratios,
         "token_agreement": sum(x == y for x, y in zip(a, b)) / len(a),
         "first_differing_token": first_diff,
         **extra,

@@ -74,8 +74,9 @@ def _nt_for(m: int) -> int:
 
 
 # (N, K, M bucket, view) -> CudaConfig: the fastest candidate of `python bench/kernels.py --cuda-sweep`
-# on the H200, clean-flush timing (2026-11-29: Llama-3.1-8B shapes at commit cb079ad, the others at
-# 1181b70; bench/results/2026-11-29-kernels-cuda-sweep*-h200.txt); other shapes: pick_config's rule.
+# on the H200, clean-flush timing (M ≤ 8: 2026-12-01 at 2b9a964, `--sweep-ms 1`, 2026-12-01-kernels-cuda-h200-s5.md;
+# M 9-64: 2026-11-29, Llama-3.1-8B shapes at cb079ad, the others at 1181b70,
+# bench/results/2026-11-29-kernels-cuda-sweep*-h200.txt); other shapes: pick_config's rule.
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
@@ -117,7 +118,7 @@ TABLE: dict = {
     (128256, 4096, 32, True): CudaConfig(2, 4, 1, 1),
     (128256, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (128256, 4096, 64, True): CudaConfig(8, 4, 1, 1),
-    (10240, 5120, 8, False): CudaConfig(1, 8, 1, 1),
+    (10240, 5120, 8, False): CudaConfig(1, 4, 1, 1),
     (10240, 5120, 8, True): CudaConfig(1, 4, 1, 1),
     (10240, 5120, 16, False): CudaConfig(2, 4, 1, 1),
     (10240, 5120, 16, True): CudaConfig(2, 8, 1, 1),
@@ -125,8 +126,8 @@ TABLE: dict = {
     (10240, 5120, 32, True): CudaConfig(2, 4, 1, 1),
     (10240, 5120, 64, False): CudaConfig(4, 8, 1, 1),
     (10240, 5120, 64, True): CudaConfig(8, 4, 1, 1),
-    (5120, 8192, 8, False): CudaConfig(1, 8, 1, 1),
-    (5120, 8192, 8, True): CudaConfig(1, 8, 1, 1),
+    (5120, 8192, 8, False): CudaConfig(1, 4, 1, 2),
+    (5120, 8192, 8, True): CudaConfig(1, 4, 1, 2),
     (5120, 8192, 16, False): CudaConfig(1, 8, 1, 1),
     (5120, 8192, 16, True): CudaConfig(2, 4, 1, 2),
     (5120, 8192, 32, False): CudaConfig(2, 4, 1, 1),
@@ -141,8 +142,8 @@ TABLE: dict = {
     (51200, 5120, 32, True): CudaConfig(2, 4, 1, 1),
     (51200, 5120, 64, False): CudaConfig(4, 4, 1, 1),
     (51200, 5120, 64, True): CudaConfig(8, 4, 1, 1),
-    (5120, 25600, 8, False): CudaConfig(1, 8, 1, 2),
-    (5120, 25600, 8, True): CudaConfig(1, 4, 1, 2),
+    (5120, 25600, 8, False): CudaConfig(1, 4, 1, 2),
+    (5120, 25600, 8, True): CudaConfig(1, 8, 1, 4),
     (5120, 25600, 16, False): CudaConfig(1, 8, 1, 1),
     (5120, 25600, 16, True): CudaConfig(2, 4, 1, 4),
     (5120, 25600, 32, False): CudaConfig(2, 4, 1, 4),
@@ -158,14 +159,14 @@ TABLE: dict = {
     (151936, 5120, 64, False): CudaConfig(4, 4, 1, 1),
     (151936, 5120, 64, True): CudaConfig(8, 4, 1, 1),
     (1024, 4096, 8, False): CudaConfig(1, 8, 1, 4),
-    (1024, 4096, 8, True): CudaConfig(1, 8, 1, 4),
+    (1024, 4096, 8, True): CudaConfig(1, 8, 2, 2),
     (1024, 4096, 16, False): CudaConfig(1, 8, 2, 1),
     (1024, 4096, 16, True): CudaConfig(1, 8, 1, 1),
     (1024, 4096, 32, False): CudaConfig(2, 8, 2, 1),
     (1024, 4096, 32, True): CudaConfig(2, 8, 1, 1),
     (1024, 4096, 64, False): CudaConfig(4, 8, 1, 1),
     (1024, 4096, 64, True): CudaConfig(4, 8, 1, 1),
-    (14336, 4096, 8, False): CudaConfig(1, 8, 2, 1),
+    (14336, 4096, 8, False): CudaConfig(1, 4, 1, 1),
     (14336, 4096, 8, True): CudaConfig(1, 8, 1, 1),
     (14336, 4096, 16, False): CudaConfig(2, 4, 1, 1),
     (14336, 4096, 16, True): CudaConfig(2, 8, 1, 1),
@@ -294,23 +295,6 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value
-
-
-def prefetch_l2(records: torch.Tensor, max_bytes: int, n: int | None = None, mode: int = 0) -> int:
-    """Queue L2 prefetches of the first ≤ max_bytes of records (whole 12 KB records) in the order the M = 1
-    skinny launch reads them: kb-major over the record rows its first wave of CTAs covers.  Returns the bytes
-    asked for.  The prefetch kernel only issues the requests (mode 0: bulk, 1: per 128-byte line)."""
-    nb, kb = records.shape[:2]
-    n = nb * 128 if n is None else n
-    cfg = pick_config(1, n, kb * 64)
-    sms = torch.cuda.get_device_properties(records.device).multi_processor_count
-    rows = nb if cfg.split > 1 else max(1, min(nb, blocks_per_sm(cfg) * sms // 8))
-    count = min(rows * kb, max_bytes // 12288)
-    stream = _vp(torch.cuda.current_stream(records.device).cuda_stream)
-    err = library().w12_prefetch(_p(records), rows, kb, count, mode, stream)
-    if err != 0:
-        raise RuntimeError(f"W12 L2 prefetch failed: cudaError {err} (rows {rows}, KB {kb}, count {count})")
-    return count * 12288
 
 
 def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):

@@ -718,31 +718,6 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
   return (int)cudaErrorInvalidValue;
 }
 
-// =================================================================================================
-// L2 prefetch of a W12 matrix's first records, in the order a GEMM reads them
-// =================================================================================================
-// Record i of the prefetch is (nb = i % rows, kb = i / rows): kb-major over the first `rows` record rows, the
-// order in which a grid's first wave of CTAs asks for them.  mode 0: one bulk prefetch per record
-// (cp.async.bulk.prefetch.L2, 12 KB, issued by one thread, nothing held); mode 1: one
-// prefetch.global.L2::evict_last per 128-byte line.  The kernel ends once the prefetches are issued, so the
-// next projection's weights can stream into L2 while the kernels between two projections leave HBM idle.
-__global__ void w12_prefetch_kernel(const uint8_t* __restrict__ rec, int rows, int KB, int count, int mode) {
-  const int stride = gridDim.x * blockDim.x, first = blockIdx.x * blockDim.x + threadIdx.x;
-  if (mode == 0) {
-    for (int i = first; i < count; i += stride) {
-      const uint8_t* p = rec + ((size_t)(i % rows) * KB + i / rows) * REC;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(REC) : "memory");
-    }
-  } else {
-    constexpr int LINES = REC / 128;
-    for (long j = first; j < (long)count * LINES; j += stride) {
-      const int i = (int)(j / LINES);
-      const uint8_t* p = rec + ((size_t)(i % rows) * KB + i / rows) * REC + (j % LINES) * 128;
-      asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p) : "memory");
-    }
-  }
-}
-
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
@@ -783,15 +758,4 @@ extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const
 #undef W12_TC4
 #undef W12_TC
   return (int)cudaErrorInvalidValue;
-}
-
-// L2 prefetch of `count` records of a W12 matrix (records [NB, KB, 12288]) in the order (kb-major over the first
-// `rows` record rows) that w12_gemv's first wave reads them; mode 0 bulk, 1 per line (w12_prefetch_kernel).
-extern "C" int w12_prefetch(const void* rec, int rows, int KB, int count, int mode, void* stream) {
-  if (rows < 1 || count < 0 || count > rows * KB || mode < 0 || mode > 1) return (int)cudaErrorInvalidValue;
-  if (count == 0) return 0;
-  const int threads = 128, per = mode == 0 ? 1 : REC / 128;
-  const int blocks = min(264, (int)(((long)count * per + threads - 1) / threads));
-  w12_prefetch_kernel<<<blocks, threads, 0, (cudaStream_t)stream>>>((const uint8_t*)rec, rows, KB, count, mode);
-  return (int)cudaGetLastError();
 }
