@@ -207,6 +207,33 @@ class Entry:
         self.rates.append(rate)
         return rate
 
+    def profile(self, new_tokens: int = 33) -> dict:
+        """torch.profiler over generate(new_tokens) and generate(1): per decode step, the wall time, the time
+        the GPU was busy (union of kernel and copy intervals), and the kernels that took the most of it."""
+        from torch.profiler import ProfilerActivity, profile
+
+        def run(n):
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _, secs = self.gen(n)
+            spans, by_name = [], {}
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start:
+                    spans.append((e.time_range.start, e.time_range.end))
+                    by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+            busy, end = 0.0, float("-inf")
+            for a, b in sorted(spans):
+                busy += max(0.0, b - max(a, end))
+                end = max(end, b)
+            return secs * 1e6, busy, by_name, len(spans)
+
+        w1, b1, k1, c1 = run(1)
+        wn, bn, kn, cn = run(new_tokens)
+        steps = new_tokens - 1
+        top = sorted(((v - k1.get(k, 0.0)) / steps, k) for k, v in kn.items())[::-1][:12]
+        return {"wall_us_per_step": (wn - w1) / steps, "gpu_busy_us_per_step": (bn - b1) / steps,
+                "gpu_events_per_step": (cn - c1) / steps,
+                "top_kernels_us_per_step": [[round(v, 1), k[:90]] for v, k in top]}
+
     def finish(self) -> dict:
         """The entry's result (median rate over its rounds, the projections' breakdown); frees the model."""
         res = dict(self.res, decode_tok_s=sorted(self.rates)[len(self.rates) // 2], round_tok_s=self.rates)
@@ -244,6 +271,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--lm-head", choices=("w12", "bf16"), default="w12",
                     help="convert the (untied) LM head too (w12, the default: lossless, so nothing argues against "
                          "it) or keep it BF16 (the converter's default exclude, which SGLang's loader needs)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed rounds, torch.profiler per model: wall vs GPU-busy µs per decode step and "
+                         "the kernels that take the most (where the non-projection time goes)")
     args = ap.parse_args(argv)
 
     import w12
@@ -282,6 +312,10 @@ def main(argv=None) -> dict:
             print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items())
                   + f"; W12/BF16 {line['w12'] / line['bf16']:.3f}", file=sys.stderr)
         ratios = [w / b for w, b in zip(entries["w12"].rates, entries["bf16"].rates)]
+        if args.profile:
+            for name, e in entries.items():
+                e.res["profile"] = e.profile()
+                print(f"profile {name}: {json.dumps(e.res['profile'])}", file=sys.stderr)
         bf16, w12r = entries.pop("bf16").finish(), entries.pop("w12").finish()
         unfused = entries.pop("w12_unfused").finish() if args.fuse == "both" else None
     finally:
