@@ -19,8 +19,9 @@ each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is 
 The LM head is converted too (`--lm-head w12`, the default: the untied head is an ordinary lossless W12
 matrix; `--lm-head bf16` keeps the converter's default exclude).
 
-Both (all) models are loaded and compiled first, then timed in rounds that take turns (BF16, W12, BF16, …;
-`--repeats` rounds, default 5), so whatever the machine does meanwhile hits both sides alike; each model's
+Each model is loaded and compiled in its own process (one torch.compile cache each), then the processes are
+timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds, default 5), so whatever the machine
+does meanwhile hits both sides alike; each model's
 figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
 the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
@@ -251,6 +252,63 @@ class Entry:
         return res
 
 
+def compile_config(backend: str):
+    from transformers import CompileConfig
+
+    cc = CompileConfig(backend=backend) if backend != "inductor" else CompileConfig()
+    cc._compile_all_devices = True  # lets the CPU smoke test take the compiled path too
+    return cc
+
+
+def _worker(conn, path, device, prompt, new_tokens, backend, fuse):
+    """One model in its own process (its own torch.compile caches: two models compiled in one process
+    slowed both by ~20 %, measured), driven over a pipe: ("round", n) | ("profile", None) | ("finish", None)."""
+    import traceback
+
+    try:
+        import w12
+
+        w12.patch_transformers()
+        e = Entry(path, device, prompt, new_tokens, compile_config(backend), fuse)
+        conn.send(("ok", None))
+        while True:
+            cmd, arg = conn.recv()
+            out = e.timed_round(arg) if cmd == "round" else e.profile() if cmd == "profile" else e.finish()
+            conn.send(("ok", out))
+            if cmd == "finish":
+                return
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+
+
+class Remote:
+    """An Entry living in a worker process (spawned; the parent waits until it has loaded and compiled)."""
+
+    def __init__(self, name, *args):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.name, (self.conn, child) = name, ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, *args), daemon=True)
+        self.proc.start()
+        self._get()
+
+    def _get(self):
+        status, out = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.name} worker failed:\n{out}")
+        return out
+
+    def call(self, cmd, arg=None):
+        self.conn.send((cmd, arg))
+        return self._get()
+
+    def finish(self) -> dict:
+        res = self.call("finish")
+        self.proc.join(timeout=60)
+        return res
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (eager compile backend)")
@@ -276,10 +334,6 @@ def main(argv=None) -> dict:
                          "the kernels that take the most (where the non-projection time goes)")
     args = ap.parse_args(argv)
 
-    import w12
-    from transformers import CompileConfig
-
-    w12.patch_transformers()
     device = args.device or ("cpu" if args.tiny else "cuda")
     if args.tiny:
         args.new_tokens = min(args.new_tokens, 8)
@@ -288,8 +342,6 @@ def main(argv=None) -> dict:
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --tiny for the CPU smoke test")
     backend = args.compile_backend or ("eager" if device == "cpu" else "inductor")
-    cc = CompileConfig(backend=backend) if backend != "inductor" else CompileConfig()
-    cc._compile_all_devices = True  # lets the CPU smoke test take the compiled path too
 
     cfg = llama_config(args.tiny)
     workdir = args.workdir or tempfile.mkdtemp(prefix="w12-hf-decode-")
@@ -303,21 +355,23 @@ def main(argv=None) -> dict:
             bf16_dir, w12_dir = build_checkpoints(cfg, workdir, device, args.seed, args.lm_head)
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
-        entries = {"bf16": Entry(bf16_dir, device, prompt, args.new_tokens, cc)}
-        entries["w12"] = Entry(w12_dir, device, prompt, args.new_tokens, cc, fuse=args.fuse != "off")
+        common = (device, prompt, args.new_tokens, backend)
+        entries = {"bf16": Remote("bf16", bf16_dir, *common, None)}
+        entries["w12"] = Remote("w12", w12_dir, *common, args.fuse != "off")
         if args.fuse == "both":
-            entries["w12_unfused"] = Entry(w12_dir, device, prompt, args.new_tokens, cc, fuse=False)
+            entries["w12_unfused"] = Remote("w12_unfused", w12_dir, *common, False)
         for r in range(args.repeats):
-            line = {name: e.timed_round(args.new_tokens) for name, e in entries.items()}
+            line = {name: e.call("round", args.new_tokens) for name, e in entries.items()}
             print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items())
                   + f"; W12/BF16 {line['w12'] / line['bf16']:.3f}", file=sys.stderr)
-        ratios = [w / b for w, b in zip(entries["w12"].rates, entries["bf16"].rates)]
-        if args.profile:
-            for name, e in entries.items():
-                e.res["profile"] = e.profile()
-                print(f"profile {name}: {json.dumps(e.res['profile'])}", file=sys.stderr)
-        bf16, w12r = entries.pop("bf16").finish(), entries.pop("w12").finish()
-        unfused = entries.pop("w12_unfused").finish() if args.fuse == "both" else None
+        profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
+        for name, prof in profiles.items():
+            print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
+        done = {name: e.finish() for name, e in entries.items()}
+        for name, prof in profiles.items():
+            done[name]["profile"] = prof
+        bf16, w12r, unfused = done["bf16"], done["w12"], done.get("w12_unfused")
+        ratios = [w / b for w, b in zip(w12r["round_tok_s"], bf16["round_tok_s"])]
     finally:
         if not (args.keep or args.workdir):
             shutil.rmtree(workdir, ignore_errors=True)
