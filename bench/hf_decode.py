@@ -21,7 +21,7 @@ matrix; `--lm-head bf16` keeps the converter's default exclude).
 
 Each model is loaded and compiled in its own process (one torch.compile cache each), then the processes are
 timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds, default 5), so whatever the machine
-does meanwhile hits both sides alike; each model's
+does meanwhile hits both sides alike (`--sequential`: one model after the other, each alone); each model's
 figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
 the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
@@ -225,15 +225,20 @@ class Entry:
             for a, b in sorted(spans):
                 busy += max(0.0, b - max(a, end))
                 end = max(end, b)
-            return secs * 1e6, busy, by_name, len(spans)
+            cpu = {a.key: a.self_cpu_time_total for a in prof.key_averages()}
+            return secs * 1e6, busy, by_name, len(spans), cpu
 
-        w1, b1, k1, c1 = run(1)
-        wn, bn, kn, cn = run(new_tokens)
+        w1, b1, k1, c1, h1 = run(1)
+        wn, bn, kn, cn, hn = run(new_tokens)
         steps = new_tokens - 1
-        top = sorted(((v - k1.get(k, 0.0)) / steps, k) for k, v in kn.items())[::-1][:12]
+
+        def top(now, before, count=12):
+            d = sorted(((v - before.get(k, 0.0)) / steps, k) for k, v in now.items())[::-1][:count]
+            return [[round(v, 1), k[:90]] for v, k in d]
+
         return {"wall_us_per_step": (wn - w1) / steps, "gpu_busy_us_per_step": (bn - b1) / steps,
-                "gpu_events_per_step": (cn - c1) / steps,
-                "top_kernels_us_per_step": [[round(v, 1), k[:90]] for v, k in top]}
+                "gpu_events_per_step": (cn - c1) / steps, "top_kernels_us_per_step": top(kn, k1),
+                "top_host_self_us_per_step": top(hn, h1)}
 
     def finish(self) -> dict:
         """The entry's result (median rate over its rounds, the projections' breakdown); frees the model."""
@@ -329,6 +334,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--lm-head", choices=("w12", "bf16"), default="w12",
                     help="convert the (untied) LM head too (w12, the default: lossless, so nothing argues against "
                          "it) or keep it BF16 (the converter's default exclude, which SGLang's loader needs)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="load and time one model after the other (each alone on the machine) instead of alternating")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed rounds, torch.profiler per model: wall vs GPU-busy µs per decode step and "
                          "the kernels that take the most (where the non-projection time goes)")
@@ -356,20 +363,23 @@ def main(argv=None) -> dict:
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
         common = (device, prompt, args.new_tokens, backend)
-        entries = {"bf16": Remote("bf16", bf16_dir, *common, None)}
-        entries["w12"] = Remote("w12", w12_dir, *common, args.fuse != "off")
+        specs = {"bf16": (bf16_dir, None), "w12": (w12_dir, args.fuse != "off")}
         if args.fuse == "both":
-            entries["w12_unfused"] = Remote("w12_unfused", w12_dir, *common, False)
-        for r in range(args.repeats):
-            line = {name: e.call("round", args.new_tokens) for name, e in entries.items()}
-            print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items())
-                  + f"; W12/BF16 {line['w12'] / line['bf16']:.3f}", file=sys.stderr)
-        profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
-        for name, prof in profiles.items():
-            print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
-        done = {name: e.finish() for name, e in entries.items()}
-        for name, prof in profiles.items():
-            done[name]["profile"] = prof
+            specs["w12_unfused"] = (w12_dir, False)
+        groups = [[n] for n in specs] if args.sequential else [list(specs)]
+        done = {}
+        for group in groups:  # all models at once (rounds alternate), or one after the other
+            entries = {n: Remote(n, specs[n][0], *common, specs[n][1]) for n in group}
+            for r in range(args.repeats):
+                line = {name: e.call("round", args.new_tokens) for name, e in entries.items()}
+                print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items()), file=sys.stderr)
+            profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
+            for name, prof in profiles.items():
+                print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
+            for name, e in entries.items():
+                done[name] = e.finish()
+                if name in profiles:
+                    done[name]["profile"] = profiles[name]
         bf16, w12r, unfused = done["bf16"], done["w12"], done.get("w12_unfused")
         ratios = [w / b for w, b in zip(w12r["round_tok_s"], bf16["round_tok_s"])]
     finally:
@@ -389,7 +399,8 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random weights)",
         "batch": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-        "compile_backend": backend, "fuse": args.fuse, "lm_head": args.lm_head, "torch": torch.__version__,
+        "compile_backend": backend, "fuse": args.fuse, "lm_head": args.lm_head, "sequential": args.sequential,
+        "repeats": args.repeats, "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "bf16": bf16, "w12": w12r,
         "speedup_w12_over_bf16": w12r["decode_tok_s"] / bf16["decode_tok_s"],
