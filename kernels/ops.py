@@ -1,6 +1,7 @@
 """torch custom ops around the fused kernels, so torch.compile and CUDA graphs can capture them.
 
     torch.ops.w12.gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n)   -> bf16 [M, n]
+    torch.ops.w12.gemm_packed(x, records, tables, n, nnz)                        -> bf16 [M, n]
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
 x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls on a Hopper GPU run a CUDA kernel of
@@ -9,6 +10,11 @@ to M = 128), other CUDA calls the Triton kernels, each
 with a config picked from a table by shape (no autotuning, no host sync); other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
+
+`gemm_packed` is `gemm` with the four small tensors packed into one (`pack_tables`, load time): what a
+model's layers call under torch.compile, which re-checks every tensor a compiled graph reads on every call
+(about six guards per tensor). Measured on a compiled decode step: five tensors per W12 layer made the guard
+check 2.7× BF16's (bench/results/2026-12-01-guard-cost-cpu.md); two per layer (records, tables) is BF16's count plus one.
 """
 
 import torch
@@ -22,6 +28,10 @@ from . import reference as _ref
 def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, escapes: torch.Tensor,
              esc_offsets: torch.Tensor, esc_cols: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · Wᵀ with the exact W (escapes added as an exact sparse correction)."""
+    return _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n)
+
+
+def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
         if _gc.usable(x, records, exponents, n):
             return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
@@ -32,6 +42,55 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 
 @w12_gemm.register_fake
 def _(x, records, exponents, escapes, esc_offsets, esc_cols, n):
+    return x.new_empty((x.shape[0], n), dtype=torch.bfloat16)
+
+
+def _round4(words: int) -> int:
+    return (words + 3) // 4 * 4
+
+
+def table_layout(nb: int, kb: int, nnz: int, cols_words: int) -> tuple:
+    """Word offsets (int32) of the parts of a packed table: exponents (NB·128 bytes), escapes (nnz int16
+    pairs), esc_offsets (NB·KB + 1), esc_cols (to the end); each part starts on a 16-byte boundary (the CUDA
+    kernels' alignment)."""
+    a_esc = nb * 32
+    a_offs = a_esc + _round4(nnz)
+    a_cols = a_offs + _round4(nb * kb + 1)
+    return a_esc, a_offs, a_cols, a_cols + cols_words
+
+
+def pack_tables(exponents: torch.Tensor, escapes: torch.Tensor, esc_offsets: torch.Tensor,
+                esc_cols: torch.Tensor) -> torch.Tensor:
+    """One int32 tensor [exponents | escapes | esc_offsets | esc_cols] (see table_layout), on their device."""
+    nb, nnz = exponents.numel() // 128, escapes.shape[0]
+    if nb == 0 or exponents.numel() % 128 or (esc_offsets.numel() - 1) % nb:
+        raise ValueError(f"pack_tables: {exponents.numel()} exponents and {esc_offsets.numel()} escape offsets, "
+                         "expected NB·128 and NB·KB + 1 (the padded matrix's record grid)")
+    kb = (esc_offsets.numel() - 1) // nb
+    a_esc, a_offs, a_cols, end = table_layout(nb, kb, nnz, esc_cols.numel())
+    t = torch.zeros(end, dtype=torch.int32, device=exponents.device)
+    t[:a_esc] = exponents.contiguous().view(torch.int32)
+    t[a_esc:a_esc + nnz] = escapes.reshape(-1).contiguous().view(torch.int32)
+    t[a_offs:a_offs + esc_offsets.numel()] = esc_offsets
+    t[a_cols:] = esc_cols
+    return t
+
+
+def unpack_tables(tables: torch.Tensor, nb: int, kb: int, nnz: int):
+    """Views (exponents u8 [NB·128], escapes i16 [nnz, 2], esc_offsets i32, esc_cols i32) of a packed table."""
+    a_esc, a_offs, a_cols, _ = table_layout(nb, kb, nnz, 0)
+    return (tables[:a_esc].view(torch.uint8), tables[a_esc:a_esc + nnz].view(torch.int16).view(nnz, 2),
+            tables[a_offs:a_offs + nb * kb + 1], tables[a_cols:])
+
+
+@torch.library.custom_op("w12::gemm_packed", mutates_args=())
+def w12_gemm_packed(x: torch.Tensor, records: torch.Tensor, tables: torch.Tensor, n: int, nnz: int) -> torch.Tensor:
+    """`w12::gemm` with exponents, escapes, esc_offsets and esc_cols packed in `tables` (pack_tables)."""
+    return _gemm(x, records, *unpack_tables(tables, records.shape[0], records.shape[1], nnz), n)
+
+
+@w12_gemm_packed.register_fake
+def _(x, records, tables, n, nnz):
     return x.new_empty((x.shape[0], n), dtype=torch.bfloat16)
 
 

@@ -43,12 +43,11 @@ from torch import nn
 
 from w12.formats.layout import TN
 
-from .w12_linear import BUFFER_NAMES, W12Linear, gemm_device, gemm_rows, kernel_backend
+from .w12_linear import BUFFER_NAMES, W12Linear, gemm_device, gemm_rows, kernel_backend, prepared_tables
 
 # sibling names per parent module, in call order (Llama, Mistral, Qwen2/3): first = leader, last clears
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-FUSED_NAMES = ("_fused_weight", "_fused_exponents", "_fused_esc_counts", "_fused_escapes",
-               "_fused_esc_offsets", "_fused_esc_cols")
+FUSED_NAMES = ("_fused_weight", "_fused_exponents", "_fused_esc_counts", "_fused_escapes", "_fused_tables")
 
 
 class ProjectionGroup:
@@ -61,6 +60,7 @@ class ProjectionGroup:
             bounds.append(bounds[-1] + m.out_features)
         self.bounds = tuple(bounds)  # member i owns output columns [bounds[i], bounds[i+1])
         self.last = len(self.members) - 1  # the member that clears the stash
+        self.nnz = sum(int(m.weight_escapes.shape[0]) for m in self.members)  # the fused matrix's escapes
         self.x = None  # the input of the leader's last call (identity, not value, is compared)
         self.y = None  # the fused output [..., N_total] of that call
 
@@ -70,8 +70,7 @@ class ProjectionGroup:
             self.x = self.y = None
             if not _fused_ready(module, x):
                 return None
-            y = gemm_rows(x, module._fused_weight, module._fused_exponents, module._fused_escapes,
-                          module._fused_esc_offsets, module._fused_esc_cols, self.bounds[-1])
+            y = gemm_rows(x, module._fused_weight, module._fused_tables, self.bounds[-1], self.nnz)
             self.x, self.y = x, y
         elif self.x is not x:
             return None
@@ -83,7 +82,7 @@ class ProjectionGroup:
 
 
 def _fused_ready(leader: W12Linear, x: torch.Tensor) -> bool:
-    t = leader._buffers.get("_fused_esc_offsets")
+    t = leader._buffers.get("_fused_tables")
     return t is not None and t.device == x.device and x.dtype == torch.bfloat16 and gemm_device(x.device)
 
 
@@ -108,7 +107,7 @@ def fusable(members) -> bool:
     first = members[0]
     return (all(m.in_features == first.in_features and m.weight.device == first.weight.device
                 and m.out_features % TN == 0 and getattr(m, "w12_group", None) is None and not hasattr(m, "_hf_hook")
-                and "_esc_offsets" in m._buffers for m in members)
+                and "_w12_tables" in m._buffers for m in members)
             and gemm_device(first.weight.device))
 
 
@@ -116,8 +115,8 @@ def fuse_group(members) -> ProjectionGroup:
     """Concatenate the members' W12 tensors on their device, re-point every member at its slice."""
     leader = members[0]
     fused = [torch.cat([getattr(m, name) for m in members]) for name in BUFFER_NAMES]
-    offs, cols = kernel_backend()[0](fused[2], fused[3])
-    for name, t in zip(FUSED_NAMES, (*fused, offs, cols)):
+    tables = prepared_tables(fused[2], fused[3], fused[1])
+    for name, t in zip(FUSED_NAMES, (*fused, tables)):
         leader.register_buffer(name, t, persistent=False)
     starts = [0, 0, 0, 0]  # dim-0 offset in records (NB), exponents (N), counts (NB), escapes (nnz)
     for m in members:

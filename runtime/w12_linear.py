@@ -15,8 +15,10 @@ and saves without any conversion:
 
 Forward goes through one dispatch function, `w12_linear(x, module)`:
 
-* CUDA, with `w12.kernels` importable: the fused GEMM `torch.ops.w12.gemm` (escape tables prepared
-  once per module, see `prepare`); nothing but the W12 bytes and small escape tables live on the GPU.
+* CUDA, with `w12.kernels` importable: the fused GEMM `torch.ops.w12.gemm_packed` (records + ONE packed
+  table of exponents, escapes and the kernels' escape tables, prepared once per module, see `prepare`: a
+  compiled model re-checks every tensor a layer reads on every call, so the layer reads two); nothing but
+  the W12 bytes and those small tables live on the GPU.
   Sibling projections (q/k/v, gate/up) of one parent run ONE GEMM per group after `prepare(model)`
   (runtime/fused.py; on by default on CUDA, off with `prepare(model, fuse=False)` or env `W12_FUSE=0`).
 * CUDA without kernels: an exact decode in plain torch ops on the GPU (no host sync, graph safe),
@@ -26,7 +28,7 @@ Forward goes through one dispatch function, `w12_linear(x, module)`:
   weight is bit-identical to the original and `F.linear` is the op `nn.Linear` calls, outputs are
   bit-identical to the BF16 model's on the CPU.
 
-`set_cpu_gemm_op(True)` routes CPU layers through `torch.ops.w12.gemm` too (its CPU reference: decode +
+`set_cpu_gemm_op(True)` routes CPU layers through `torch.ops.w12.gemm_packed` too (its CPU reference: decode +
 fp32 matmul, not bit-identical to F.linear in BF16); a test switch for the CUDA code path, off by default.
 
 The CPU path decodes on every call. An optional LRU of decoded weights (`set_cpu_decode_cache`) trades
@@ -107,7 +109,8 @@ def decode_torch(records: torch.Tensor, exponents: torch.Tensor, esc_index: torc
 # ---------------------------------------------------------------------------------------------
 # The fused CUDA kernels (another layer, w12.kernels). Only two published entry points are used:
 #   w12.kernels.gemm.prepare_escapes(counts, escapes) -> (esc_offsets, esc_cols)   (load time)
-#   torch.ops.w12.gemm(x2d_bf16, records, exponents, escapes, esc_offsets, esc_cols, n) -> bf16 [M, n]
+#   w12.kernels.ops.pack_tables(exponents, escapes, esc_offsets, esc_cols) -> tables (load time)
+#   torch.ops.w12.gemm_packed(x2d_bf16, records, tables, n, nnz) -> bf16 [M, n]
 # If either is missing or raises on import, CUDA falls back to decode_torch + F.linear.
 # ---------------------------------------------------------------------------------------------
 _KERNELS: dict = {}
@@ -146,13 +149,22 @@ def gemm_device(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and _CPU_GEMM_OP)
 
 
-def gemm_rows(x: torch.Tensor, records, exponents, escapes, esc_offsets, esc_cols, n: int) -> torch.Tensor:
-    """x bf16 [..., K] -> [..., n] through `torch.ops.w12.gemm` (flattens leading dims, unit column stride)."""
+def gemm_rows(x: torch.Tensor, records, tables, n: int, nnz: int) -> torch.Tensor:
+    """x bf16 [..., K] -> [..., n] through `torch.ops.w12.gemm_packed` (flattens leading dims, unit column
+    stride); `tables` from `w12.kernels.ops.pack_tables`, nnz = the matrix's escape count."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.ops.w12.gemm(x2, records, exponents, escapes, esc_offsets, esc_cols, n)
+    y = torch.ops.w12.gemm_packed(x2, records, tables, n, nnz)
     return y.reshape(*x.shape[:-1], n)
+
+
+def prepared_tables(counts: torch.Tensor, escapes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+    """Load time: the packed tables (exponents, escapes and the kernels' escape tables) of one matrix."""
+    from w12.kernels.ops import pack_tables
+
+    offs, cols = kernel_backend()[0](counts, escapes)
+    return pack_tables(exponents, escapes, offs, cols)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +294,7 @@ class W12Linear(nn.Module):
             from .fused import dissolve
 
             dissolve(self)
-        for name in ("_esc_offsets", "_esc_cols", "_esc_index", "_esc_bits"):
+        for name in ("_w12_tables", "_esc_index", "_esc_bits"):
             self._buffers.pop(name, None)
             self.__dict__.pop(name, None)
 
@@ -295,16 +307,17 @@ class W12Linear(nn.Module):
             return
         backend = kernel_backend()
         if backend is not None:
-            offs, cols = backend[0](self.weight_esc_counts, self.weight_escapes)
-            self.register_buffer("_esc_offsets", offs, persistent=False)
-            self.register_buffer("_esc_cols", cols, persistent=False)
+            # one tensor besides the records: torch.compile re-checks every tensor a layer reads on every call
+            tables = prepared_tables(self.weight_esc_counts, self.weight_escapes, self.weight_exponents)
+            self.register_buffer("_w12_tables", tables, persistent=False)
+            self.w12_nnz = int(self.weight_escapes.shape[0])
         else:
             idx, bits = escape_index(self.weight_esc_counts, self.weight_escapes, self.out_features, self.in_features)
             self.register_buffer("_esc_index", idx, persistent=False)
             self.register_buffer("_esc_bits", bits, persistent=False)
 
     def _prepared_for(self, device: torch.device) -> bool:
-        t = self._buffers.get("_esc_offsets", self._buffers.get("_esc_index"))
+        t = self._buffers.get("_w12_tables", self._buffers.get("_esc_index"))
         return t is not None and t.device == device
 
     # ---- use ----------------------------------------------------------------------------------
@@ -332,14 +345,18 @@ def w12_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
         if y is not None:
             return y
     if x.is_cuda or (_CPU_GEMM_OP and x.device.type == "cpu"):
+        # the common case first, reading as little as possible (torch.compile guards each read, per call)
+        tables = module._buffers.get("_w12_tables")
+        if tables is not None and x.dtype == torch.bfloat16 and tables.device == module.weight.device:
+            y = gemm_rows(x, module.weight, tables, module.out_features, module.w12_nnz)
+            return y + bias if bias is not None else y
         if not module._prepared_for(module.weight.device):
             if torch.compiler.is_compiling():
                 raise RuntimeError("W12Linear on CUDA was not prepared before torch.compile; call "
                                    "w12.runtime.prepare(model) after moving the model")
             module.prepare()
-        if "_esc_offsets" in module._buffers and x.dtype == torch.bfloat16:
-            y = gemm_rows(x, module.weight, module.weight_exponents, module.weight_escapes,
-                          module._esc_offsets, module._esc_cols, module.out_features)
+        if "_w12_tables" in module._buffers and x.dtype == torch.bfloat16:
+            y = gemm_rows(x, module.weight, module._w12_tables, module.out_features, module.w12_nnz)
             return y + bias if bias is not None else y
         if "_esc_index" not in module._buffers:  # kernels present but x not bf16: build the decode index
             idx, bits = escape_index(module.weight_esc_counts, module.weight_escapes, module.out_features,

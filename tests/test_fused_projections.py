@@ -1,6 +1,6 @@
 """Projection groups (runtime/fused.py, issue 5): q/k/v and gate/up of one parent share ONE W12 GEMM.
 
-CPU only. The fused path runs `torch.ops.w12.gemm`; on the CPU that op is its reference implementation,
+CPU only. The fused path runs `torch.ops.w12.gemm_packed`; on the CPU that op is its reference implementation,
 reached through `set_cpu_gemm_op(True)` (the `gemm_op` fixture). Fused results are compared with the same
 layers unfused through the same op, bit for bit; shapes stay small (K ≤ 256), where the CPU fp32 matmul
 of the reference gives each output channel the same bits whatever the number of channels.
@@ -94,14 +94,17 @@ class Block(nn.Module):
 
 
 class CountGemm(TorchDispatchMode):
-    """Records the `n` of every torch.ops.w12.gemm call (eager)."""
+    """Records the `n` of every W12 GEMM op call (eager): torch.ops.w12.gemm_packed, which layers call, and
+    torch.ops.w12.gemm."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.w12.gemm.default:
+        if func is torch.ops.w12.gemm_packed.default:
+            self.calls.append(args[3])
+        elif func is torch.ops.w12.gemm.default:
             self.calls.append(args[-1])
         return func(*args, **(kwargs or {}))
 
@@ -117,6 +120,7 @@ def test_fused_tensors_are_the_encoding_of_the_concatenated_matrix(gemm_op):
     """SPEC.md §3/§5/§6: with N a multiple of 128 per member, the concatenated tensors ARE the W12 encoding
     of torch.cat(weights); members become dim-0 views of them (the bytes live once)."""
     from w12.kernels.gemm import prepare_escapes
+    from w12.kernels.ops import unpack_tables
 
     block = Block()
     members = [block.attn.q_proj, block.attn.k_proj, block.attn.v_proj]
@@ -130,7 +134,10 @@ def test_fused_tensors_are_the_encoding_of_the_concatenated_matrix(gemm_op):
     for name, t in zip(FUSED_NAMES, (want.records, want.exponents, want.esc_counts, want.escapes)):
         assert_same(getattr(q, name), t)
     offs, cols = prepare_escapes(want.esc_counts, want.escapes)
-    assert_same(q._fused_esc_offsets, offs) and assert_same(q._fused_esc_cols, cols)
+    nb, kb = want.records.shape[:2]
+    for got, expected in zip(unpack_tables(q._fused_tables, nb, kb, want.escapes.shape[0]),
+                             (want.exponents, want.escapes, offs, cols)):
+        assert_same(got, expected)
     fused_ptr = {b: getattr(q, f).untyped_storage().data_ptr() for b, f in zip(BUFFER_NAMES, FUSED_NAMES)}
     for m, old in zip(members, before):
         for b in BUFFER_NAMES:
@@ -257,7 +264,7 @@ def test_load_matrix_and_state_dict_keep_working(gemm_op):
 def counting_backend(counts):
     def backend(gm, example_inputs):
         counts.append(sum(1 for n in gm.graph.nodes if n.op == "call_function"
-                          and n.target in (torch.ops.w12.gemm, torch.ops.w12.gemm.default)))
+                          and n.target in (torch.ops.w12.gemm_packed, torch.ops.w12.gemm_packed.default)))
         return gm
     return backend
 
@@ -287,6 +294,49 @@ def test_compile_fullgraph_has_one_gemm_per_group(gemm_op):
         explain = torch._dynamo.explain(block)(x)
     assert explain.graph_count == 1 and explain.graph_break_count == 0
     torch._dynamo.reset()
+
+
+def test_compiled_layers_read_two_w12_tensors_each(gemm_op):
+    """A compiled model re-checks (guards) every tensor its graph reads on every call: each W12 layer (and
+    each fused group) hands the GEMM op its records and ONE packed table, nothing else."""
+    import torch._dynamo
+
+    block = Block(bias=False)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append([n.target for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm
+
+    with torch.no_grad():
+        for fuse, gemms in ((False, 6), (True, 3)):
+            prepare(block, fuse=fuse)
+            torch._dynamo.reset()
+            seen.clear()
+            torch.compile(block, backend=backend, fullgraph=True)(x_for(3))
+            w12_inputs = [t for t in seen[0] if "weight" in t or "tables" in t]
+            assert len(w12_inputs) == 2 * gemms, w12_inputs
+            assert not [t for t in seen[0] if "exponents" in t or "escapes" in t or "esc_" in t]
+    torch._dynamo.reset()
+
+
+def test_packed_tables_round_trip_and_alignment():
+    from w12.kernels.gemm import prepare_escapes
+    from w12.kernels.ops import pack_tables, unpack_tables
+
+    for nnz_rows in (0, 3):
+        w = (torch.randn(256, K, generator=torch.Generator().manual_seed(nnz_rows)) * 0.02).to(torch.bfloat16)
+        w[:nnz_rows, 5] = 300.0  # out of every window: escapes
+        m = W12Matrix.from_bf16(w)
+        offs, cols = prepare_escapes(m.esc_counts, m.escapes)
+        nb, kb = m.records.shape[:2]
+        tables = pack_tables(m.exponents, m.escapes, offs, cols)
+        parts = unpack_tables(tables, nb, kb, m.escapes.shape[0])
+        for got, want in zip(parts, (m.exponents, m.escapes, offs, cols)):
+            assert_same(got, want)
+        assert all(p.data_ptr() % 16 == 0 for p in parts)  # the CUDA kernels' alignment
+    with pytest.raises(ValueError, match="NB"):
+        pack_tables(m.exponents[:100], m.escapes, offs, cols)
 
 
 # ---------------------------------------------------------------------------------------------
