@@ -105,3 +105,19 @@ def test_pick_config_is_a_pure_table_lookup():
     c = g.pick_config(1, 4096, 4096)
     assert c.bm == 1 and c.split >= 2
     assert g.pick_config(128, 151936, 5120).split == 1
+
+
+@pytest.mark.parametrize("m,bm,split", [(1, 1, 1), (20, 32, 2)])
+def test_kernel_reads_the_packed_tables_views(mat, m, bm, split):
+    """What `torch.ops.w12.gemm_packed` hands the kernels (views into one packed int32 table, at offsets)
+    gives the same bits as the separate tensors."""
+    n, k, w, (records, exps, counts, escapes, offs, cols) = mat
+    x = torch.randn(m, k).to(torch.bfloat16)
+    tables = ops.pack_tables(exps, escapes, offs, cols)
+    parts = ops.unpack_tables(tables, records.shape[0], records.shape[1], escapes.shape[0])
+    cfg = g.Config(bm=bm, split=split)
+    want = g.launch(x, records, exps, n, escapes, offs, cols, config=cfg)
+    got = g.launch(x, records, parts[0], n, parts[1], parts[2], parts[3], config=cfg)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    ref = ops.w12_gemm_packed(x, records, tables, n, escapes.shape[0])  # the op's CPU path: the reference
+    assert torch.equal(ref, kref.gemm(x, records, exps, counts, escapes, n))
