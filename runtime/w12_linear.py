@@ -107,11 +107,11 @@ def decode_torch(records: torch.Tensor, exponents: torch.Tensor, esc_index: torc
 
 
 # ---------------------------------------------------------------------------------------------
-# The fused CUDA kernels (another layer, w12.kernels). Only two published entry points are used:
+# The fused CUDA kernels (another layer, w12.kernels). Only these published entry points are used:
 #   w12.kernels.gemm.prepare_escapes(counts, escapes) -> (esc_offsets, esc_cols)   (load time)
 #   w12.kernels.ops.pack_tables(exponents, escapes, esc_offsets, esc_cols) -> tables (load time)
 #   torch.ops.w12.gemm_packed(x2d_bf16, records, tables, n, nnz) -> bf16 [M, n]
-# If either is missing or raises on import, CUDA falls back to decode_torch + F.linear.
+# If one is missing or raises on import, CUDA falls back to decode_torch + F.linear.
 # ---------------------------------------------------------------------------------------------
 _KERNELS: dict = {}
 _KERNELS_LOCK = threading.Lock()
