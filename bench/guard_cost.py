@@ -28,7 +28,8 @@ import torch
 def measure(path: str, w12: bool) -> list:
     import w12 as w12pkg
     from torch.profiler import ProfilerActivity, profile
-    from transformers import AutoModelForCausalLM, CompileConfig
+    from hf_decode import compile_config  # bench/hf_decode.py (this script's folder is on sys.path)
+    from transformers import AutoModelForCausalLM
 
     w12pkg.patch_transformers()
     if w12:
@@ -39,8 +40,7 @@ def measure(path: str, w12: bool) -> list:
     model = AutoModelForCausalLM.from_pretrained(path)
     if w12:
         prepare(model, fuse=True)
-    cc = CompileConfig(backend="eager")
-    cc._compile_all_devices = True
+    cc = compile_config("eager")
     ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, cache_implementation="static", pad_token_id=0,
               compile_config=cc)
