@@ -249,7 +249,7 @@ def kernels_live(model) -> bool:
     from w12.runtime.w12_linear import W12Linear, kernel_backend
 
     mods = [m for m in model.modules() if isinstance(m, W12Linear)]
-    return kernel_backend() is not None and all("_w12_tables" in m._buffers for m in mods)
+    return kernel_backend() is not None and all(m._buffers.keys() & {"_w12_packed", "_esc_offsets"} for m in mods)
 
 
 # --- timing ----------------------------------------------------------------------------------------

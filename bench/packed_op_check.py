@@ -12,7 +12,7 @@ import torch
 from w12.formats.matrix import W12Matrix
 from w12.kernels import ops  # noqa: F401
 from w12.kernels.gemm import prepare_escapes
-from w12.kernels.ops import pack_tables
+from w12.kernels.ops import pack_matrix
 from w12.runtime.w12_linear import W12Linear, prepare
 
 
@@ -25,11 +25,11 @@ def main():
         m = W12Matrix.from_bf16(w)
         rec, exps, counts, esc = (t.cuda() for t in (m.records, m.exponents, m.esc_counts, m.escapes))
         offs, cols = prepare_escapes(counts, esc)
-        tables = pack_tables(exps, esc, offs, cols)
+        packed = pack_matrix(rec, exps, esc, offs, cols)
         for rows in (1, 16, 48, 128, 200):
             x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
             a = torch.ops.w12.gemm(x, rec, exps, esc, offs, cols, n)
-            b = torch.ops.w12.gemm_packed(x, rec, tables, n, esc.shape[0])
+            b = torch.ops.w12.gemm_packed(x, packed, n, esc.shape[0])
             same = torch.equal(a.view(torch.int16), b.view(torch.int16))
             ok &= same
             print(f"{n}x{k} M={rows} nnz={esc.shape[0]}: gemm_packed == gemm bits: {same}")

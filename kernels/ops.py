@@ -1,7 +1,7 @@
 """torch custom ops around the fused kernels, so torch.compile and CUDA graphs can capture them.
 
     torch.ops.w12.gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n)   -> bf16 [M, n]
-    torch.ops.w12.gemm_packed(x, records, tables, n, nnz)                        -> bf16 [M, n]
+    torch.ops.w12.gemm_packed(x, packed, n, nnz)                                 -> bf16 [M, n]
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
 x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls on a Hopper GPU run a CUDA kernel of
@@ -11,13 +11,16 @@ with a config picked from a table by shape (no autotuning, no host sync); other 
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
 
-`gemm_packed` is `gemm` with the four small tensors packed into one (`pack_tables`, load time): what a
-model's layers call under torch.compile, which re-checks every tensor a compiled graph reads on every call
-(about six guards per tensor). Measured on a compiled decode step: five tensors per W12 layer made the guard
-check 2.7× BF16's (bench/results/2026-12-01-guard-cost-cpu.md); two per layer (records, tables) is BF16's count plus one.
+`gemm_packed` is `gemm` with the records and the four small tensors packed into ONE int32 tensor
+(`pack_matrix`, load time; the layer's `weight` buffer becomes a view of its records part, so the bytes live
+once): what a model's layers call under torch.compile, which re-checks every tensor a compiled graph reads
+on every call (about six guards per tensor). Measured on a compiled decode step: five tensors per W12 layer
+made the guard check 2.7× BF16's (bench/results/2026-12-01-guard-cost-cpu.md); one per layer is BF16's count.
 """
 
 import torch
+
+from w12.formats.layout import REC_BYTES, tiles
 
 from . import gemm as _g
 from . import gemm_cuda as _gc
@@ -83,14 +86,38 @@ def unpack_tables(tables: torch.Tensor, nb: int, kb: int, nnz: int):
             tables[a_offs:a_offs + nb * kb + 1], tables[a_cols:])
 
 
+def pack_matrix(records: torch.Tensor, exponents: torch.Tensor, escapes: torch.Tensor, esc_offsets: torch.Tensor,
+                esc_cols: torch.Tensor) -> torch.Tensor:
+    """One int32 tensor [records (NB·KB·12288 bytes) | pack_tables(...)] on the records' device: everything
+    the GEMM reads, in one allocation. A record is 12288 bytes, so the table parts keep their 16-byte
+    alignment."""
+    tables = pack_tables(exponents, escapes, esc_offsets, esc_cols)
+    words = records.numel() // 4
+    out = torch.empty(words + tables.numel(), dtype=torch.int32, device=records.device)
+    out[:words].view(torch.uint8).copy_(records.reshape(-1))  # byte copy: any storage offset of `records`
+    out[words:] = tables
+    return out
+
+
+def packed_records(packed: torch.Tensor, nb: int, kb: int) -> torch.Tensor:
+    """The records part of a `pack_matrix` tensor, as u8 [NB, KB, 12288] (a view)."""
+    return packed[:nb * kb * REC_BYTES // 4].view(torch.uint8).view(nb, kb, REC_BYTES)
+
+
+def unpack_matrix(packed: torch.Tensor, nb: int, kb: int, nnz: int):
+    """Views (records, exponents, escapes, esc_offsets, esc_cols) of a `pack_matrix` tensor."""
+    return (packed_records(packed, nb, kb), *unpack_tables(packed[nb * kb * REC_BYTES // 4:], nb, kb, nnz))
+
+
 @torch.library.custom_op("w12::gemm_packed", mutates_args=())
-def w12_gemm_packed(x: torch.Tensor, records: torch.Tensor, tables: torch.Tensor, n: int, nnz: int) -> torch.Tensor:
-    """`w12::gemm` with exponents, escapes, esc_offsets and esc_cols packed in `tables` (pack_tables)."""
-    return _gemm(x, records, *unpack_tables(tables, records.shape[0], records.shape[1], nnz), n)
+def w12_gemm_packed(x: torch.Tensor, packed: torch.Tensor, n: int, nnz: int) -> torch.Tensor:
+    """`w12::gemm` of the matrix packed in `packed` (pack_matrix); its record grid is tiles(n, K)."""
+    nb, kb = tiles(n, x.shape[1])
+    return _gemm(x, *unpack_matrix(packed, nb, kb, nnz), n)
 
 
 @w12_gemm_packed.register_fake
-def _(x, records, tables, n, nnz):
+def _(x, packed, n, nnz):
     return x.new_empty((x.shape[0], n), dtype=torch.bfloat16)
 
 

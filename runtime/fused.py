@@ -6,16 +6,19 @@ such sibling set into a stateful group:
 
     parent.q_proj, parent.k_proj, parent.v_proj  ->  records [NB_q + NB_k + NB_v, KB, 12288], ...
 
-* Storage: the leader (first member: q_proj, gate_proj) holds the fused matrix's four tensors as
-  non-persistent buffers `_fused_*` plus its prepared escape tables; every member's own four buffers
-  become views (dim-0 slices) of them, so the W12 bytes live once. Each member keeps its own small
-  escape tables for the fallback. `state_dict()` gives each member's own (view) tensors; the quantizer
-  saves contiguous copies of them (safetensors refuses shared storage).
-* Forward: the leader runs the fused GEMM and stashes (input, output) on the group; a later member called
-  with the SAME input tensor object returns its slice of the stashed output (+ its own bias); the last
-  member clears the stash. Anything else (a member called first, another input, the 8-bit view, a
-  non-bf16 input, the CPU decode path, unprepared tables) runs the member's own GEMM on its view buffers,
-  so correctness never depends on call order.
+* Storage: the leader (first member: q_proj, gate_proj) holds the fused matrix as non-persistent buffers:
+  `_fused_packed` (records + the kernels' tables in one int32 tensor, `w12.kernels.ops.pack_matrix`: the
+  one tensor its compiled GEMM reads) and `_fused_exponents`, `_fused_esc_counts`, `_fused_escapes`; every
+  member's own four buffers become views (dim-0 slices) of them, records into `_fused_packed`, so the W12
+  bytes live once. Each member keeps its own small escape tables (`prepare_tables`) for the fallback.
+  `state_dict()` gives each member's own (view) tensors; the quantizer saves contiguous copies of them
+  (safetensors refuses shared storage).
+* Forward (`w12_linear.fused_forward`): the leader runs the fused GEMM and stashes (input, output) under its
+  group's id; a later member called with the SAME input tensor object returns its slice of the stashed
+  output (+ its own bias); the last member clears the stash. Members read only their `w12_slot` (plain
+  ints): a compiled model re-checks on every call whatever its layers read. Anything else (a member
+  called first, another input, the 8-bit view, a non-bf16 input, the CPU decode path, unprepared tables)
+  runs the member's own GEMM on its view buffers, so correctness never depends on call order.
 * Bits: every channel is a dot product with the exact weights either way. On the CPU (the reference op)
   a channel's bits do not depend on the GEMM's width (tested). On CUDA the kernel choice and its split-K /
   warps per CTA depend on N (kernels/gemm_cuda.py `kernel_for`, `pick_config`), so the fused width may add a
@@ -36,6 +39,7 @@ Moving a fused model (`.to(...)`) copies views apart (memory doubles, results st
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -43,15 +47,21 @@ from torch import nn
 
 from w12.formats.layout import TN
 
-from .w12_linear import BUFFER_NAMES, W12Linear, gemm_device, gemm_rows, kernel_backend, prepared_tables
+from .w12_linear import _STASH, BUFFER_NAMES, PREPARED_NAMES, W12Linear, gemm_device, kernel_backend, packed_matrix
 
 # sibling names per parent module, in call order (Llama, Mistral, Qwen2/3): first = leader, last clears
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-FUSED_NAMES = ("_fused_weight", "_fused_exponents", "_fused_esc_counts", "_fused_escapes", "_fused_tables")
+FUSED_NAMES = ("_fused_packed", "_fused_exponents", "_fused_esc_counts", "_fused_escapes")  # BUFFER_NAMES' storage
+
+
+_GROUP_IDS = itertools.count(1)
 
 
 class ProjectionGroup:
-    """State of one fused sibling set: members (call order), output column offsets, and the stash."""
+    """One fused sibling set: members (call order) and their output column bounds. Forward reads none of it:
+    each member carries `w12_slot` = (group id, index, first column, end column, last index, fused N, fused
+    nnz), plain ints, because a compiled model re-checks every attribute its layers read on every call (a
+    shared object reached from two members costs an identity check in Python per member)."""
 
     def __init__(self, members):
         self.members = tuple(members)
@@ -59,31 +69,12 @@ class ProjectionGroup:
         for m in self.members:
             bounds.append(bounds[-1] + m.out_features)
         self.bounds = tuple(bounds)  # member i owns output columns [bounds[i], bounds[i+1])
-        self.last = len(self.members) - 1  # the member that clears the stash
         self.nnz = sum(int(m.weight_escapes.shape[0]) for m in self.members)  # the fused matrix's escapes
-        self.x = None  # the input of the leader's last call (identity, not value, is compared)
-        self.y = None  # the fused output [..., N_total] of that call
+        self.id = next(_GROUP_IDS)
 
-    def forward(self, x: torch.Tensor, module: W12Linear, i: int):
-        """Member i's output from the fused GEMM, or None: the caller runs the member's own GEMM."""
-        if i == 0:
-            self.x = self.y = None
-            if not _fused_ready(module, x):
-                return None
-            y = gemm_rows(x, module._fused_weight, module._fused_tables, self.bounds[-1], self.nnz)
-            self.x, self.y = x, y
-        elif self.x is not x:
-            return None
-        y = self.y[..., self.bounds[i]:self.bounds[i + 1]]
-        if i == self.last:
-            self.x = self.y = None
-        bias = module.bias
-        return y + bias if bias is not None else y
-
-
-def _fused_ready(leader: W12Linear, x: torch.Tensor) -> bool:
-    t = leader._buffers.get("_fused_tables")
-    return t is not None and t.device == x.device and x.dtype == torch.bfloat16 and gemm_device(x.device)
+    def slot(self, i: int) -> tuple:
+        last = len(self.members) - 1
+        return (self.id, i, self.bounds[i], self.bounds[i + 1], last, self.bounds[-1], self.nnz)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,16 +98,17 @@ def fusable(members) -> bool:
     first = members[0]
     return (all(m.in_features == first.in_features and m.weight.device == first.weight.device
                 and m.out_features % TN == 0 and getattr(m, "w12_group", None) is None and not hasattr(m, "_hf_hook")
-                and "_w12_tables" in m._buffers for m in members)
+                and "_w12_packed" in m._buffers for m in members)
             and gemm_device(first.weight.device))
 
 
 def fuse_group(members) -> ProjectionGroup:
-    """Concatenate the members' W12 tensors on their device, re-point every member at its slice."""
+    """Concatenate the members' W12 tensors on their device, re-point every member at its slice (its own
+    packed copy goes; it keeps small escape tables of its own for the fallback)."""
     leader = members[0]
     fused = [torch.cat([getattr(m, name) for m in members]) for name in BUFFER_NAMES]
-    tables = prepared_tables(fused[2], fused[3], fused[1])
-    for name, t in zip(FUSED_NAMES, (*fused, tables)):
+    packed, fused[0] = packed_matrix(*fused)
+    for name, t in zip(FUSED_NAMES, (packed, *fused[1:])):
         leader.register_buffer(name, t, persistent=False)
     starts = [0, 0, 0, 0]  # dim-0 offset in records (NB), exponents (N), counts (NB), escapes (nnz)
     for m in members:
@@ -124,9 +116,12 @@ def fuse_group(members) -> ProjectionGroup:
             size = getattr(m, name).shape[0]
             m._buffers[name] = fused[j][starts[j]:starts[j] + size]
             starts[j] += size
+        for name in PREPARED_NAMES:
+            m._buffers.pop(name, None)
+        m.prepare_tables()
     group = ProjectionGroup(members)
     for i, m in enumerate(members):
-        m.w12_group, m.w12_group_index = group, i
+        m.w12_group, m.w12_slot = group, group.slot(i)
     return group
 
 
@@ -137,7 +132,8 @@ def dissolve(module: W12Linear) -> None:
     if group is None:
         return
     for m in group.members:
-        m.w12_group, m.w12_group_index = None, 0
+        m.w12_group, m.w12_slot = None, None
+    _STASH.pop(group.id, None)
     for name in FUSED_NAMES:
         group.members[0]._buffers.pop(name, None)
 
@@ -166,17 +162,19 @@ def unfuse_projections(model: nn.Module) -> None:
 def fused_groups(model: nn.Module) -> int:
     """Number of projection groups in `model`."""
     return sum(1 for m in model.modules() if isinstance(m, W12Linear)
-               and getattr(m, "w12_group", None) is not None and m.w12_group_index == 0)
+               and getattr(m, "w12_group", None) is not None and m.w12_group.members[0] is m)
 
 
 def unshared_state_dict(model: nn.Module, state_dict: dict) -> dict:
-    """`state_dict` with each grouped member's four tensors replaced by a contiguous CPU copy (the views
-    share one storage, which safetensors and Transformers' save refuse; CPU: the writer reads them there)."""
+    """`state_dict` with every W12 tensor that is a view into a larger storage (grouped members' slices, a
+    prepared layer's records inside its `_w12_packed`) replaced by a contiguous CPU copy: safetensors and
+    Transformers' save refuse shared storage (CPU: the writer reads them there)."""
     out = dict(state_dict)
     for name, m in model.named_modules():
-        if isinstance(m, W12Linear) and getattr(m, "w12_group", None) is not None:
+        if isinstance(m, W12Linear):
             for b in BUFFER_NAMES:
                 key = f"{name}.{b}" if name else b
-                if key in out:
-                    out[key] = out[key].to("cpu", copy=True).contiguous()
+                t = out.get(key)
+                if t is not None and t.untyped_storage().nbytes() != t.numel() * t.element_size():
+                    out[key] = t.to("cpu", copy=True).contiguous()
     return out

@@ -15,10 +15,11 @@ and saves without any conversion:
 
 Forward goes through one dispatch function, `w12_linear(x, module)`:
 
-* CUDA, with `w12.kernels` importable: the fused GEMM `torch.ops.w12.gemm_packed` (records + ONE packed
-  table of exponents, escapes and the kernels' escape tables, prepared once per module, see `prepare`: a
-  compiled model re-checks every tensor a layer reads on every call, so the layer reads two); nothing but
-  the W12 bytes and those small tables live on the GPU.
+* CUDA, with `w12.kernels` importable: the fused GEMM `torch.ops.w12.gemm_packed` on ONE int32 tensor
+  `_w12_packed` = records + exponents, escapes and the kernels' escape tables, built once per module by
+  `prepare`, which re-points `weight` at the records part (the bytes live once). A compiled model
+  re-checks every tensor a layer reads on every call, so the layer reads one, like an nn.Linear.
+  Nothing but the W12 bytes and those small tables live on the GPU.
   Sibling projections (q/k/v, gate/up) of one parent run ONE GEMM per group after `prepare(model)`
   (runtime/fused.py; on by default on CUDA, off with `prepare(model, fuse=False)` or env `W12_FUSE=0`).
 * CUDA without kernels: an exact decode in plain torch ops on the GPU (no host sync, graph safe),
@@ -51,6 +52,7 @@ from w12.formats.layout import REC_BYTES, TK, TN, WIN, padded, tiles
 log = logging.getLogger(__name__)
 
 BUFFER_NAMES = ("weight", "weight_exponents", "weight_esc_counts", "weight_escapes")
+PREPARED_NAMES = ("_w12_packed", "_esc_offsets", "_esc_cols", "_esc_index", "_esc_bits")  # prepare(), never saved
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,8 +111,10 @@ def decode_torch(records: torch.Tensor, exponents: torch.Tensor, esc_index: torc
 # ---------------------------------------------------------------------------------------------
 # The fused CUDA kernels (another layer, w12.kernels). Only these published entry points are used:
 #   w12.kernels.gemm.prepare_escapes(counts, escapes) -> (esc_offsets, esc_cols)   (load time)
-#   w12.kernels.ops.pack_tables(exponents, escapes, esc_offsets, esc_cols) -> tables (load time)
-#   torch.ops.w12.gemm_packed(x2d_bf16, records, tables, n, nnz) -> bf16 [M, n]
+#   w12.kernels.ops.pack_matrix(records, exponents, escapes, esc_offsets, esc_cols) -> packed (load time)
+#   w12.kernels.ops.packed_records(packed, nb, kb) -> the records part of it, a view
+#   torch.ops.w12.gemm_packed(x2d_bf16, packed, n, nnz) -> bf16 [M, n]
+#   torch.ops.w12.gemm(x2d_bf16, records, exponents, escapes, esc_offsets, esc_cols, n) -> bf16 [M, n]
 # If one is missing or raises on import, CUDA falls back to decode_torch + F.linear.
 # ---------------------------------------------------------------------------------------------
 _KERNELS: dict = {}
@@ -149,22 +153,63 @@ def gemm_device(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and _CPU_GEMM_OP)
 
 
-def gemm_rows(x: torch.Tensor, records, tables, n: int, nnz: int) -> torch.Tensor:
-    """x bf16 [..., K] -> [..., n] through `torch.ops.w12.gemm_packed` (flattens leading dims, unit column
-    stride); `tables` from `w12.kernels.ops.pack_tables`, nnz = the matrix's escape count."""
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] as a 2-D [M, K] with unit column stride (what the GEMM ops take)."""
     x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    y = torch.ops.w12.gemm_packed(x2, records, tables, n, nnz)
-    return y.reshape(*x.shape[:-1], n)
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def prepared_tables(counts: torch.Tensor, escapes: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
-    """Load time: the packed tables (exponents, escapes and the kernels' escape tables) of one matrix."""
-    from w12.kernels.ops import pack_tables
+def gemm_rows(x: torch.Tensor, packed: torch.Tensor, n: int, nnz: int) -> torch.Tensor:
+    """x bf16 [..., K] -> [..., n] through `torch.ops.w12.gemm_packed`; `packed` from `packed_matrix`,
+    nnz = the matrix's escape count."""
+    return torch.ops.w12.gemm_packed(_rows(x), packed, n, nnz).reshape(*x.shape[:-1], n)
+
+
+def packed_matrix(records, exponents, counts, escapes) -> tuple:
+    """Load time: (packed, its records part as a u8 [NB, KB, 12288] view) of one matrix: records, exponents,
+    escapes and the kernels' escape tables in one int32 tensor (w12.kernels.ops.pack_matrix)."""
+    from w12.kernels.ops import pack_matrix, packed_records
 
     offs, cols = kernel_backend()[0](counts, escapes)
-    return pack_tables(exponents, escapes, offs, cols)
+    packed = pack_matrix(records, exponents, escapes, offs, cols)
+    return packed, packed_records(packed, *records.shape[:2])
+
+
+def own_gemm(x: torch.Tensor, module) -> torch.Tensor:
+    """`torch.ops.w12.gemm` on a layer's own four buffers and its `prepare_tables` (no bias)."""
+    y = torch.ops.w12.gemm(_rows(x), module.weight, module.weight_exponents, module.weight_escapes,
+                           module._esc_offsets, module._esc_cols, module.out_features)
+    return y.reshape(*x.shape[:-1], module.out_features)
+
+
+# ---------------------------------------------------------------------------------------------
+# Projection groups' forward (groups are made and dissolved in fused.py).
+# ---------------------------------------------------------------------------------------------
+_STASH: dict = {}  # group id -> (input, fused output) of the leader's last call, until the last member takes its slice
+
+
+def fused_forward(x: torch.Tensor, module: W12Linear, slot: tuple):
+    """Member `slot[1]`'s output from its group's fused GEMM, or None: the caller runs the member's own GEMM.
+    The leader (index 0) runs the GEMM and stashes (x, y); a later member called with the SAME input tensor
+    object takes its columns; the last member clears the stash."""
+    gid, i, lo, hi, last, n, nnz = slot
+    if i == 0:
+        _STASH.pop(gid, None)
+        packed = module._buffers.get("_fused_packed")
+        if packed is None or packed.device != x.device or x.dtype != torch.bfloat16 or not gemm_device(x.device):
+            return None
+        y = gemm_rows(x, packed, n, nnz)
+        _STASH[gid] = (x, y)
+    else:
+        stashed = _STASH.get(gid)
+        if stashed is None or stashed[0] is not x:
+            return None
+        y = stashed[1]
+    if i == last:
+        _STASH.pop(gid, None)
+    y = y[..., lo:hi]
+    bias = module.bias
+    return y + bias if bias is not None else y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,9 +290,9 @@ class W12Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.w12_sha256: str | None = None  # SHA-256 of the original BF16 bytes, when known (SPEC.md §7)
-        self.w12_view8 = False  # True: forward on the 8-bit view (SPEC.md §4), an approximation; see view8_mode
+        self.w12_view8 = False  # True inside view8_mode: forward on the 8-bit view (SPEC.md §4), an approximation
         self.w12_group = None  # a fused.ProjectionGroup when this layer shares one GEMM with its siblings
-        self.w12_group_index = 0  # its position in the group (0: the leader, which runs the fused GEMM)
+        self.w12_slot = None  # then: what its forward needs of the group, plain ints (fused.ProjectionGroup.slot)
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -294,30 +339,44 @@ class W12Linear(nn.Module):
             from .fused import dissolve
 
             dissolve(self)
-        for name in ("_w12_tables", "_esc_index", "_esc_bits"):
+        for name in PREPARED_NAMES:
             self._buffers.pop(name, None)
             self.__dict__.pop(name, None)
 
     def prepare(self) -> None:
-        """Build the small per-matrix escape tables the CUDA paths need, once, on the buffers' device.
+        """Build what the CUDA paths read, once, on the buffers' device: with the kernels, `_w12_packed`
+        (records + tables in one int32 tensor; `weight` becomes a view of its records part, so the bytes
+        live once) — or, for a layer with an accelerate hook (it may swap `weight` per call), only the
+        small escape tables `_esc_offsets`, `_esc_cols`; without the kernels, the decode index.
         Non-persistent buffers: they follow .to() but are never saved. A no-op on the CPU (unless
         `set_cpu_gemm_op(True)`). Dissolves this layer's projection group, if any."""
         self._clear_prepared()
         if self.weight.device.type == "meta" or not gemm_device(self.weight.device):
             return
         backend = kernel_backend()
-        if backend is not None:
-            # one tensor besides the records: torch.compile re-checks every tensor a layer reads on every call
-            tables = prepared_tables(self.weight_esc_counts, self.weight_escapes, self.weight_exponents)
-            self.register_buffer("_w12_tables", tables, persistent=False)
-            self.w12_nnz = int(self.weight_escapes.shape[0])
+        self.w12_nnz = int(self.weight_escapes.shape[0])
+        if backend is not None and not hasattr(self, "_hf_hook"):
+            # ONE tensor: torch.compile re-checks every tensor a layer reads on every call
+            packed, records = packed_matrix(self.weight, self.weight_exponents, self.weight_esc_counts,
+                                            self.weight_escapes)
+            self.register_buffer("_w12_packed", packed, persistent=False)
+            self._buffers["weight"] = records
+        elif backend is not None:
+            self.prepare_tables()
         else:
             idx, bits = escape_index(self.weight_esc_counts, self.weight_escapes, self.out_features, self.in_features)
             self.register_buffer("_esc_index", idx, persistent=False)
             self.register_buffer("_esc_bits", bits, persistent=False)
 
+    def prepare_tables(self) -> None:
+        """The kernels' escape tables alone (`_esc_offsets`, `_esc_cols`) for `torch.ops.w12.gemm` on the
+        layer's own buffers: accelerate-hooked layers and members of a projection group (fused.py)."""
+        offs, cols = kernel_backend()[0](self.weight_esc_counts, self.weight_escapes)
+        self.register_buffer("_esc_offsets", offs, persistent=False)
+        self.register_buffer("_esc_cols", cols, persistent=False)
+
     def _prepared_for(self, device: torch.device) -> bool:
-        t = self._buffers.get("_w12_tables", self._buffers.get("_esc_index"))
+        t = next((self._buffers[b] for b in ("_w12_packed", "_esc_offsets", "_esc_index") if b in self._buffers), None)
         return t is not None and t.device == device
 
     # ---- use ----------------------------------------------------------------------------------
@@ -334,29 +393,37 @@ class W12Linear(nn.Module):
                 f"bias={self.bias is not None}, escapes={self.weight_escapes.shape[0]}")
 
 
+# Number of open view8_mode blocks. Read first, so that outside them (always, in plain decoding) a compiled
+# model guards this one global instead of every layer's `w12_view8`.
+_VIEW8_BLOCKS = 0
+
+
 def w12_linear(x: torch.Tensor, module: W12Linear) -> torch.Tensor:
     """The one dispatch point: fused kernel on CUDA when available, else exact decode + F.linear."""
     bias = module.bias
-    if getattr(module, "w12_view8", False):
+    if _VIEW8_BLOCKS and module.w12_view8:
         return _view8_linear(x, module)
-    group = getattr(module, "w12_group", None)
-    if group is not None:  # fused q/k/v or gate/up: the leader's GEMM serves all (fused.py)
-        y = group.forward(x, module, module.w12_group_index)
+    slot = module.w12_slot
+    if slot is not None:  # fused q/k/v or gate/up: the leader's GEMM serves all (fused.py)
+        y = fused_forward(x, module, slot)
         if y is not None:
             return y
     if x.is_cuda or (_CPU_GEMM_OP and x.device.type == "cpu"):
         # the common case first, reading as little as possible (torch.compile guards each read, per call)
-        tables = module._buffers.get("_w12_tables")
-        if tables is not None and x.dtype == torch.bfloat16 and tables.device == module.weight.device:
-            y = gemm_rows(x, module.weight, tables, module.out_features, module.w12_nnz)
+        packed = module._buffers.get("_w12_packed")
+        if packed is not None and x.dtype == torch.bfloat16 and packed.device == x.device:
+            y = gemm_rows(x, packed, module.out_features, module.w12_nnz)
             return y + bias if bias is not None else y
         if not module._prepared_for(module.weight.device):
             if torch.compiler.is_compiling():
                 raise RuntimeError("W12Linear on CUDA was not prepared before torch.compile; call "
                                    "w12.runtime.prepare(model) after moving the model")
             module.prepare()
-        if "_w12_tables" in module._buffers and x.dtype == torch.bfloat16:
-            y = gemm_rows(x, module.weight, module._w12_tables, module.out_features, module.w12_nnz)
+        if x.dtype == torch.bfloat16 and "_w12_packed" in module._buffers:
+            y = gemm_rows(x, module._w12_packed, module.out_features, module.w12_nnz)
+            return y + bias if bias is not None else y
+        if x.dtype == torch.bfloat16 and "_esc_offsets" in module._buffers:
+            y = own_gemm(x, module)
             return y + bias if bias is not None else y
         if "_esc_index" not in module._buffers:  # kernels present but x not bf16: build the decode index
             idx, bits = escape_index(module.weight_esc_counts, module.weight_escapes, module.out_features,
@@ -431,11 +498,15 @@ class view8_mode:
         self.keep = keep_decoded
 
     def __enter__(self) -> int:
+        global _VIEW8_BLOCKS
         for m in self.modules:
             m.w12_view8 = True
+        _VIEW8_BLOCKS += 1
         return len(self.modules)
 
     def __exit__(self, *exc) -> None:
+        global _VIEW8_BLOCKS
+        _VIEW8_BLOCKS -= 1
         for m in self.modules:
             m.w12_view8 = False
             if not self.keep:

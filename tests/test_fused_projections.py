@@ -19,7 +19,7 @@ from w12.convert.checkpoint import verify
 from w12.convert.convert import convert
 from w12.formats.matrix import W12Matrix
 from w12.runtime.fused import FUSED_NAMES, fused_groups
-from w12.runtime.w12_linear import BUFFER_NAMES, W12Linear, prepare, set_cpu_gemm_op
+from w12.runtime.w12_linear import _STASH, BUFFER_NAMES, W12Linear, prepare, set_cpu_gemm_op
 from checkpoints import read_tensors  # tests/checkpoints.py
 
 transformers = pytest.importorskip("transformers")
@@ -103,7 +103,7 @@ class CountGemm(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.w12.gemm_packed.default:
-            self.calls.append(args[3])
+            self.calls.append(args[2])
         elif func is torch.ops.w12.gemm.default:
             self.calls.append(args[-1])
         return func(*args, **(kwargs or {}))
@@ -120,7 +120,7 @@ def test_fused_tensors_are_the_encoding_of_the_concatenated_matrix(gemm_op):
     """SPEC.md §3/§5/§6: with N a multiple of 128 per member, the concatenated tensors ARE the W12 encoding
     of torch.cat(weights); members become dim-0 views of them (the bytes live once)."""
     from w12.kernels.gemm import prepare_escapes
-    from w12.kernels.ops import unpack_tables
+    from w12.kernels.ops import unpack_matrix
 
     block = Block()
     members = [block.attn.q_proj, block.attn.k_proj, block.attn.v_proj]
@@ -131,12 +131,12 @@ def test_fused_tensors_are_the_encoding_of_the_concatenated_matrix(gemm_op):
     assert fused_groups(block) == 2
     want = W12Matrix.from_bf16(torch.cat(weights))
     q = members[0]
-    for name, t in zip(FUSED_NAMES, (want.records, want.exponents, want.esc_counts, want.escapes)):
+    for name, t in zip(FUSED_NAMES[1:], (want.exponents, want.esc_counts, want.escapes)):
         assert_same(getattr(q, name), t)
     offs, cols = prepare_escapes(want.esc_counts, want.escapes)
     nb, kb = want.records.shape[:2]
-    for got, expected in zip(unpack_tables(q._fused_tables, nb, kb, want.escapes.shape[0]),
-                             (want.exponents, want.escapes, offs, cols)):
+    for got, expected in zip(unpack_matrix(q._fused_packed, nb, kb, want.escapes.shape[0]),
+                             (want.records, want.exponents, want.escapes, offs, cols)):
         assert_same(got, expected)
     fused_ptr = {b: getattr(q, f).untyped_storage().data_ptr() for b, f in zip(BUFFER_NAMES, FUSED_NAMES)}
     for m, old in zip(members, before):
@@ -144,6 +144,27 @@ def test_fused_tensors_are_the_encoding_of_the_concatenated_matrix(gemm_op):
             t = getattr(m, b)
             assert_same(t, old[b])  # the member's own tensors, unchanged ...
             assert t.untyped_storage().data_ptr() == fused_ptr[b]  # ... and a view of the fused tensor
+
+
+def test_prepared_layers_hold_their_bytes_once_and_save_unshared(gemm_op, tmp_path):
+    """prepare() packs an unfused layer's records + tables into `_w12_packed` and re-points `weight` at its
+    records part (no second copy); the state dict still has the checkpoint's tensors, and the save path's
+    `unshared_state_dict` turns every view into a tensor of its own that safetensors writes."""
+    from safetensors.torch import load_file, save_file
+
+    from w12.runtime.fused import unshared_state_dict
+
+    block = Block()
+    down = block.mlp.down_proj
+    records = down.weight.clone()
+    prepare(block)
+    assert down.weight.untyped_storage().data_ptr() == down._w12_packed.untyped_storage().data_ptr()
+    assert_same(down.weight, records)
+    sd = unshared_state_dict(block, block.state_dict())
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in sd.values())
+    save_file(sd, str(tmp_path / "m.safetensors"))
+    back = load_file(str(tmp_path / "m.safetensors"))
+    assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
 
 
 def test_only_eligible_siblings_fuse(gemm_op):
@@ -191,7 +212,7 @@ def test_fused_forward_is_bit_identical_with_one_gemm_per_group(gemm_op, bias):
         got = block(x)
     assert c.calls == [512, 768, K]
     assert_same(want, got)
-    assert all(m.w12_group.x is None and m.w12_group.y is None for m in (block.attn.q_proj, block.mlp.gate_proj))
+    assert not _STASH  # the last member of each group cleared it
 
 
 def test_fused_model_on_the_default_cpu_path_equals_nn_linear(gemm_op):
@@ -253,7 +274,7 @@ def test_load_matrix_and_state_dict_keep_working(gemm_op):
         assert_same(block(x), want)
     m = block.attn.k_proj
     m.load_matrix(m.matrix())  # replacing a member's tensors dissolves its group
-    assert fused_groups(block) == 1 and m.w12_group is None and "_fused_weight" not in block.attn.q_proj._buffers
+    assert fused_groups(block) == 1 and m.w12_group is None and "_fused_packed" not in block.attn.q_proj._buffers
     with torch.no_grad():
         assert_same(block(x), want)
 
@@ -296,9 +317,9 @@ def test_compile_fullgraph_has_one_gemm_per_group(gemm_op):
     torch._dynamo.reset()
 
 
-def test_compiled_layers_read_two_w12_tensors_each(gemm_op):
+def test_compiled_layers_read_one_w12_tensor_each(gemm_op):
     """A compiled model re-checks (guards) every tensor its graph reads on every call: each W12 layer (and
-    each fused group) hands the GEMM op its records and ONE packed table, nothing else."""
+    each fused group) hands the GEMM op ONE packed tensor (records + tables), like an nn.Linear its weight."""
     import torch._dynamo
 
     block = Block(bias=False)
@@ -314,15 +335,15 @@ def test_compiled_layers_read_two_w12_tensors_each(gemm_op):
             torch._dynamo.reset()
             seen.clear()
             torch.compile(block, backend=backend, fullgraph=True)(x_for(3))
-            w12_inputs = [t for t in seen[0] if "weight" in t or "tables" in t]
-            assert len(w12_inputs) == 2 * gemms, w12_inputs
-            assert not [t for t in seen[0] if "exponents" in t or "escapes" in t or "esc_" in t]
+            w12_inputs = [t for t in seen[0] if "packed" in t]
+            assert len(w12_inputs) == gemms, w12_inputs
+            assert not [t for t in seen[0] if any(s in t for s in ("weight", "tables", "exponents", "escapes", "esc_"))]
     torch._dynamo.reset()
 
 
 def test_packed_tables_round_trip_and_alignment():
     from w12.kernels.gemm import prepare_escapes
-    from w12.kernels.ops import pack_tables, unpack_tables
+    from w12.kernels.ops import pack_matrix, pack_tables, unpack_matrix, unpack_tables
 
     for nnz_rows in (0, 3):
         w = (torch.randn(256, K, generator=torch.Generator().manual_seed(nnz_rows)) * 0.02).to(torch.bfloat16)
@@ -335,6 +356,15 @@ def test_packed_tables_round_trip_and_alignment():
         for got, want in zip(parts, (m.exponents, m.escapes, offs, cols)):
             assert_same(got, want)
         assert all(p.data_ptr() % 16 == 0 for p in parts)  # the CUDA kernels' alignment
+        packed = pack_matrix(m.records, m.exponents, m.escapes, offs, cols)
+        parts = unpack_matrix(packed, nb, kb, m.escapes.shape[0])
+        for got, want in zip(parts, (m.records, m.exponents, m.escapes, offs, cols)):
+            assert_same(got, want)
+        assert all(p.data_ptr() % 16 == 0 for p in parts)
+        odd = torch.empty(m.records.numel() + 1, dtype=torch.uint8)[1:].view(m.records.shape)
+        odd.copy_(m.records)  # records at an odd storage offset (as a safetensors load may give): copied bytewise
+        assert_same(unpack_matrix(pack_matrix(odd, m.exponents, m.escapes, offs, cols), nb, kb, m.escapes.shape[0])[0],
+                    m.records)
     with pytest.raises(ValueError, match="NB"):
         pack_tables(m.exponents[:100], m.escapes, offs, cols)
 

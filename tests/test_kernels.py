@@ -99,6 +99,9 @@ def test_ops_cpu_fallback_and_fake(mat):
                           test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.w12.view_gemm.default, (x2, records, exps, n),
                           test_utils=("test_schema", "test_faketensor"))
+    packed = ops.pack_matrix(records, exps, escapes, offs, cols)
+    torch.library.opcheck(torch.ops.w12.gemm_packed.default, (x2, packed, n, escapes.shape[0]),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_pick_config_is_a_pure_table_lookup():
@@ -109,8 +112,8 @@ def test_pick_config_is_a_pure_table_lookup():
 
 @pytest.mark.parametrize("m,bm,split", [(1, 1, 1), (20, 32, 2)])
 def test_kernel_reads_the_packed_tables_views(mat, m, bm, split):
-    """What `torch.ops.w12.gemm_packed` hands the kernels (views into one packed int32 table, at offsets)
-    gives the same bits as the separate tensors."""
+    """What `torch.ops.w12.gemm_packed` hands the kernels (views into one packed int32 tensor, at offsets:
+    the tables alone, and records + tables) gives the same bits as the separate tensors."""
     n, k, w, (records, exps, counts, escapes, offs, cols) = mat
     x = torch.randn(m, k).to(torch.bfloat16)
     tables = ops.pack_tables(exps, escapes, offs, cols)
@@ -119,5 +122,9 @@ def test_kernel_reads_the_packed_tables_views(mat, m, bm, split):
     want = g.launch(x, records, exps, n, escapes, offs, cols, config=cfg)
     got = g.launch(x, records, parts[0], n, parts[1], parts[2], parts[3], config=cfg)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    ref = ops.w12_gemm_packed(x, records, tables, n, escapes.shape[0])  # the op's CPU path: the reference
+    packed = ops.pack_matrix(records, exps, escapes, offs, cols)
+    parts = ops.unpack_matrix(packed, records.shape[0], records.shape[1], escapes.shape[0])
+    got = g.launch(x, parts[0], parts[1], n, parts[2], parts[3], parts[4], config=cfg)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    ref = ops.w12_gemm_packed(x, packed, n, escapes.shape[0])  # the op's CPU path: the reference
     assert torch.equal(ref, kref.gemm(x, records, exps, counts, escapes, n))
