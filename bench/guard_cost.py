@@ -58,28 +58,15 @@ def generate_kw(model):
 
 def measure_latency(path: str, w12: bool) -> dict:
     """Guard-tree latency of the decode graph, µs (median, min of 31 × 300 evaluations), and guard counts."""
-    import collections
-    import re
-
-    import torch._dynamo.guards as dg
-    from torch._C._dynamo.guards import profile_guard_manager
-
-    got = []
-
-    def hook(manager, scope, builder):
-        if not manager.check(scope):
-            raise RuntimeError("guard_cost: the captured guards fail on their own frame")
-        vals = sorted(profile_guard_manager(manager.root, scope, 300) for _ in range(31))
-        kinds = collections.Counter(re.findall(r"\+- ([A-Z_]+):", str(manager)))
-        got.append({"median_us": vals[15], "min_us": vals[0], "guards": dict(kinds)})
+    from hf_decode import GuardProbe
 
     model = load(path, w12)
     ids, kw = generate_kw(model)
-    dg.guard_manager_testing_hook_fn = hook
-    model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # compiles the decode step once
-    if len(got) != 1:
-        raise RuntimeError(f"guard_cost: expected one compiled decode graph, got {len(got)}")
-    return got[0]
+    with GuardProbe() as probe:
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # compiles the decode step once
+    if len(probe.frames) != 1 or "error" in probe.frames[0]:
+        raise RuntimeError(f"guard_cost: expected one compiled decode graph whose guards pass, got {probe.frames}")
+    return probe.frames[0]
 
 
 def measure_profile(path: str, w12: bool) -> dict:

@@ -162,6 +162,44 @@ def gemm_breakdown(model, reps: int = 5) -> dict:
     return out
 
 
+class GuardProbe:
+    """While active, times the guard tree of every frame torch.compile builds: torch's own
+    `profile_guard_manager` on the frame's locals at build time (checked to pass first), µs per evaluation,
+    median and min of 31 × 300; plus the guards by kind. The guard check runs before every compiled decode
+    step, on the host, in series with the GPU (generate synchronises every token). A diagnostic: where this
+    torch lacks the hook, `frames` stays empty."""
+
+    def __enter__(self):
+        import collections
+        import re
+
+        import torch._dynamo.guards as dg
+
+        self.frames, self._dg = [], dg
+        self._old = getattr(dg, "guard_manager_testing_hook_fn", None)
+
+        def hook(manager, scope, builder):
+            try:
+                from torch._C._dynamo.guards import profile_guard_manager
+
+                if not manager.check(scope):
+                    raise RuntimeError("the guards fail on their own frame")
+                vals = sorted(profile_guard_manager(manager.root, scope, 300) for _ in range(31))
+            except Exception as e:  # a diagnostic: never fail the compile
+                self.frames.append({"error": f"{type(e).__name__}: {e}"[:200]})
+                return
+            kinds = collections.Counter(re.findall(r"\+- ([A-Z_]+):", str(manager)))
+            self.frames.append({"median_us": vals[15], "min_us": vals[0], "guards": dict(kinds)})
+
+        if hasattr(dg, "guard_manager_testing_hook_fn"):
+            dg.guard_manager_testing_hook_fn = hook
+        return self
+
+    def __exit__(self, *exc):
+        if hasattr(self._dg, "guard_manager_testing_hook_fn"):
+            self._dg.guard_manager_testing_hook_fn = self._old
+
+
 class Entry:
     """One loaded, compiled model and its measurements (load and warm-up at creation, timed rounds later)."""
 
@@ -183,12 +221,14 @@ class Entry:
                        pad_token_id=0, compile_config=compile_config)
         self.rates, self.tokens = [], None
         t = time.perf_counter()
-        self.tokens = self.gen(0)[0]  # compile + warm-up (the timed runs reuse the same static cache shape)
-        warm_s = time.perf_counter() - t
+        with GuardProbe() as probe:
+            self.tokens = self.gen(0)[0]  # compile + warm-up (the timed runs reuse the same static cache shape)
+        warm_s = time.perf_counter() - t  # includes the probe's ~10 k guard evaluations
         self.res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(self.model), "load_s": load_s,
                     "warmup_s": warm_s, "weights_and_buffers_bytes": storage_bytes(self.model),
                     "max_cuda_mem_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
-                    "compiled": getattr(self.model, "_compiled_call", None) is not None}
+                    "compiled": getattr(self.model, "_compiled_call", None) is not None,
+                    "guard_frames": probe.frames}
 
     def gen(self, n: int):
         """generate n new tokens (0: the entry's full length), synchronised; (tokens, seconds)."""
