@@ -348,8 +348,9 @@ class W12Linear(nn.Module):
         (records + tables in one int32 tensor; `weight` becomes a view of its records part, so the bytes
         live once) — or, for a layer with an accelerate hook (it may swap `weight` per call), only the
         small escape tables `_esc_offsets`, `_esc_cols`; without the kernels, the decode index.
-        Non-persistent buffers: they follow .to() but are never saved. A no-op on the CPU (unless
-        `set_cpu_gemm_op(True)`). Dissolves this layer's projection group, if any."""
+        Non-persistent buffers: they follow .to() but are never saved (moving the layer copies `weight` and
+        `_w12_packed` apart — same bytes, twice the memory — until prepare() runs again). A no-op on the CPU
+        (unless `set_cpu_gemm_op(True)`). Dissolves this layer's projection group, if any."""
         self._clear_prepared()
         if self.weight.device.type == "meta" or not gemm_device(self.weight.device):
             return

@@ -167,6 +167,26 @@ def test_prepared_layers_hold_their_bytes_once_and_save_unshared(gemm_op, tmp_pa
     assert set(back) == set(sd) and all(torch.equal(back[k], sd[k]) for k in sd)
 
 
+def test_hooked_layer_keeps_its_own_tensors(gemm_op):
+    """A layer with an accelerate hook (which may swap `weight` per call) is not packed: prepare() builds only
+    its escape tables, forward runs `torch.ops.w12.gemm` on its own buffers, with the same bits."""
+    block = Block(bias=True)
+    x = x_for(6, (2, 3, block.mlp.down_proj.in_features))
+    down = block.mlp.down_proj
+    prepare(block, fuse=False)
+    with torch.no_grad():
+        want = down(x)
+    down._hf_hook = object()  # what accelerate's add_hook_to_module sets
+    try:
+        prepare(block)
+        assert "_w12_packed" not in down._buffers and "_esc_offsets" in down._buffers
+        with torch.no_grad(), CountGemm() as c:
+            assert_same(down(x), want)
+        assert c.calls == [down.out_features]
+    finally:
+        del down._hf_hook
+
+
 def test_only_eligible_siblings_fuse(gemm_op):
     block = Block()
     block.attn.k_proj = W12Linear.from_linear(bf16_linear(64, K, False, True, 3))  # 64 rows: not a tile multiple
