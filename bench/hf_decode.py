@@ -305,9 +305,10 @@ def compile_config(backend: str):
     return cc
 
 
-def _worker(conn, path, device, prompt, new_tokens, backend, fuse):
+def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
     """One model in its own process (its own torch.compile caches: two models compiled in one process
-    slowed both by ~20 %, measured), driven over a pipe: ("round", n) | ("profile", None) | ("finish", None)."""
+    slowed both by ~20 %, measured), driven over a pipe: ("round", n) | ("profile", None) | ("finish", None).
+    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True)."""
     import traceback
 
     try:
@@ -315,6 +316,8 @@ def _worker(conn, path, device, prompt, new_tokens, backend, fuse):
 
         w12.patch_transformers()
         e = Entry(path, device, prompt, new_tokens, compile_config(backend), fuse)
+        if skip_guards:  # warmed up: the decode graph is the only compiled artifact, nothing to tell apart
+            torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
         conn.send(("ok", None))
         while True:
             cmd, arg = conn.recv()
@@ -376,6 +379,9 @@ def main(argv=None) -> dict:
                          "it) or keep it BF16 (the converter's default exclude, which SGLang's loader needs)")
     ap.add_argument("--sequential", action="store_true",
                     help="load and time one model after the other (each alone on the machine) instead of alternating")
+    ap.add_argument("--skip-guard-eval", action="store_true",
+                    help="diagnostic, both models: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe="
+                         "True), i.e. no guard check before each decode step (shows what the check costs each side)")
     ap.add_argument("--profile", action="store_true",
                     help="after the timed rounds, torch.profiler per model: wall vs GPU-busy µs per decode step and "
                          "the kernels that take the most (where the non-projection time goes)")
@@ -402,7 +408,7 @@ def main(argv=None) -> dict:
             bf16_dir, w12_dir = build_checkpoints(cfg, workdir, device, args.seed, args.lm_head)
         gen = torch.Generator().manual_seed(args.seed + 1)
         prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens), generator=gen)
-        common = (device, prompt, args.new_tokens, backend)
+        common = (device, prompt, args.new_tokens, backend, args.skip_guard_eval)
         specs = {"bf16": (bf16_dir, None), "w12": (w12_dir, args.fuse != "off")}
         if args.fuse == "both":
             specs["w12_unfused"] = (w12_dir, False)
@@ -440,6 +446,7 @@ def main(argv=None) -> dict:
         "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random weights)",
         "batch": 1, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
         "compile_backend": backend, "fuse": args.fuse, "lm_head": args.lm_head, "sequential": args.sequential,
+        "skip_guard_eval": args.skip_guard_eval,
         "repeats": args.repeats, "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "bf16": bf16, "w12": w12r,
