@@ -55,7 +55,23 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2::evict_normal [%0];" ::"l"(p)); }
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
+
+// Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
+// start while the one before it in the stream is finishing.  Everything before pdl_wait reads only what no
+// earlier kernel writes (the weights, their tables); X is read and Y, ws, tickets written after it.
+// pdl_launch_dependents lets the next kernel, if it was launched with PDL, start its own weight loads.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// the bf16 at column col of the 32-bit word that holds columns col & ~1 and (col & ~1) + 1, as a float
+__device__ __forceinline__ float bf16_of_word(uint32_t w, int col) {
+  return __uint_as_float((col & 1) ? (w & 0xFFFF0000u) : (w << 16));
+}
 
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
   uint32_t d;
@@ -159,6 +175,23 @@ struct Group {
     }
   }
 
+  // before pdl_wait: the same records' weight bytes into L2 (no registers held), stages s0 .. s0 + n − 1
+  __device__ __forceinline__ static void prefetch(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1,
+                                                  int n0, int n1, int stages) {
+    for (int i = 0; i < stages * U; ++i) {
+      int kb = kb0 + i * warps;
+      if (kb < KB) {
+        const uint8_t* r = base + (size_t)kb * REC;
+        prefetch_l2(r + v0);
+        prefetch_l2(r + v1);
+        if (!VIEW) {
+          prefetch_l2(r + n0);
+          prefetch_l2(r + n1);
+        }
+      }
+    }
+  }
+
   __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, int nsh,
                                           const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
@@ -214,8 +247,15 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
+// M ≤ 8: the resident CTAs per SM these configs reached before PDL (ptxas otherwise lets small edits of the
+// prologue cost a few registers and, for 4 warps, an occupancy step: 7 -> 6 CTAs per SM)
+template <int NT, int WARPS, int U>
+constexpr int gemv_min_blocks() {
+  return NT != 1 ? 1 : WARPS == 8 ? (U == 1 ? 3 : 2) : (U == 1 ? 7 : 4);
+}
+
 template <int NT, bool VIEW, int WARPS, int U>
-__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
@@ -227,6 +267,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
+  constexpr int XG = NT == 1 ? 8 : 1;         // X rows whose escape columns are gathered into s_xw (NT = 1)
+  __shared__ uint32_t s_xw[XG][THREADS];      // the 32-bit X word that holds entry tid's column, row m0 + m
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -239,8 +281,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
-  // ---- issue, in this order: the CTA's escape offsets, two pipeline stages of records (and X),
-  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
+  // ---- issue: the CTA's escape offsets, L2 prefetches, (PDL wait), two pipeline stages of records (and X),
+  // then (cp.async, no registers held) the first THREADS escape entries
   int e_lo = 0, e_hi = 0;
   if (!VIEW) {
     e_lo = __ldg(toff + (long)c * KB + a);
@@ -259,11 +301,17 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const int mcount = min(MT, M - m0);
+  // while the previous kernel finishes (PDL): this thread's first four stages of weight bytes into L2 and the
+  // tile's exponents into shared memory; X (written by that kernel) is read only after pdl_wait
+  Group<NT, VIEW, U>::prefetch(base, a + warp, b, WARPS, va0, va1, na0, na1, 4);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  pdl_wait();
   Group<NT, VIEW, U> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
@@ -273,7 +321,13 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
-  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes.
+  // NT = 1: first gather the X words at this thread's escape column (cp.async: in flight during the reduction)
+  if (!VIEW && NT == 1 && e_lo + tid < e_hi) {
+    cp_async_wait_all();
+    const int col = (int)(s_ent[tid].x & 0xFFFFFFu) & ~1;
+    for (int m = 0; m < mcount; ++m) cp_async4(&s_xw[m][tid], x + (size_t)(m0 + m) * ldx + col);
+  }
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     red[warp][g][8 * j + 2 * t] = acc[j][0];
@@ -283,7 +337,6 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   }
   cp_async_wait_all();
   __syncthreads();
-  const int mcount = min(MT, M - m0);
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4;
     float sum = 0.f;
@@ -295,7 +348,15 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
       if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
         __syncthreads();   // the previous chunk's readers are done
-        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
+        if (c0 + tid < e_hi) {
+          const uint2 en = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
+          s_ent[tid] = en;
+          if (NT == 1) {
+            const int col = (int)(en.x & 0xFFFFFFu) & ~1;
+            for (int m = 0; m < mcount; ++m) cp_async4(&s_xw[m][tid], x + (size_t)(m0 + m) * ldx + col);
+          }
+        }
+        cp_async_wait_all();
         __syncthreads();
       }
       // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
@@ -327,7 +388,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
         for (int cw = 0; cw < WARPS; ++cw) {
           for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
             int jj = 32 * cw + __ffs(bm) - 1;
-            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
+            float xv = NT == 1 ? bf16_of_word(s_xw[NT == 1 ? m : 0][jj], s_col[jj]) : __bfloat162float(xm[s_col[jj]]);
+            out = fmaf(xv, s_d[jj], out);
           }
         }
         red[0][r][m] = out;
@@ -686,18 +748,26 @@ struct Args {
   void *y, *ws, *tickets;
   int M, ldx, ldy, N, NB, KB, split;
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
+  int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
-  dim3 grid(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
-  w12_gemv_kernel<NT, VIEW, WARPS, U><<<grid, WARPS * 32, 0, stream>>>(
-      (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo,
-      (const int32_t*)a.toff, (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-      (int*)a.tickets);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+                            (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
+                            (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
+                            (int*)a.tickets);
 }
 
 template <int NT, bool VIEW>
@@ -724,12 +794,14 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
+// pdl: 1 = programmatic dependent launch (the kernel streams its weights while the previous kernel in the
+// stream finishes; it reads X only once that kernel is complete).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
