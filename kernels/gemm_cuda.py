@@ -29,6 +29,7 @@ class CudaConfig:
 # Programmatic dependent launch for the skinny kernel (w12_gemv.cu pdl_wait): it prefetches its first weights and
 # waits for the previous kernel in the stream only before reading X.  W12_PDL=0 launches it the plain way.
 PDL = os.environ.get("W12_PDL", "1") != "0"
+PREFETCH = int(os.environ.get("W12_PREFETCH", "4"))  # records per warp the skinny kernel prefetches into L2 first
 
 TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
 
@@ -283,7 +284,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
         err = library().w12_gemv(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), PREFETCH, stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

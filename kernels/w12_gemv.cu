@@ -55,7 +55,17 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2::evict_normal [%0];" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// L2 prefetch of the 16 channels' bytes (view 16 × 64 B, nibbles 16 × 32 B: twelve 128-byte lines, one per lane
+// 0..11) of the records kb0, kb0 + step, ... (pf of them, below KB): no registers held, one instruction each
+template <bool VIEW>
+__device__ __forceinline__ void prefetch_records(const uint8_t* base, int r0, int kb0, int step, int KB, int pf, int lane) {
+  const int nl = VIEW ? 8 : 12;
+  if (lane >= nl) return;
+  const int off = lane < 8 ? r0 * 64 + lane * 128 : VIEW_BYTES + r0 * 32 + (lane - 8) * 128;
+  for (int i = 0, kb = kb0; i < pf && kb < KB; ++i, kb += step) prefetch_l2(base + (size_t)kb * REC + off);
+}
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
@@ -175,23 +185,6 @@ struct Group {
     }
   }
 
-  // before pdl_wait: the same records' weight bytes into L2 (no registers held), stages s0 .. s0 + n − 1
-  __device__ __forceinline__ static void prefetch(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1,
-                                                  int n0, int n1, int stages) {
-    for (int i = 0; i < stages * U; ++i) {
-      int kb = kb0 + i * warps;
-      if (kb < KB) {
-        const uint8_t* r = base + (size_t)kb * REC;
-        prefetch_l2(r + v0);
-        prefetch_l2(r + v1);
-        if (!VIEW) {
-          prefetch_l2(r + n0);
-          prefetch_l2(r + n1);
-        }
-      }
-    }
-  }
-
   __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, int nsh,
                                           const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
@@ -258,7 +251,7 @@ template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets, int pf) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -302,9 +295,9 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const int mcount = min(MT, M - m0);
-  // while the previous kernel finishes (PDL): this thread's first four stages of weight bytes into L2 and the
-  // tile's exponents into shared memory; X (written by that kernel) is read only after pdl_wait
-  Group<NT, VIEW, U>::prefetch(base, a + warp, b, WARPS, va0, va1, na0, na1, 4);
+  // while the previous kernel finishes (PDL): the warp's first pf records into L2 and the tile's exponents into
+  // shared memory; X (written by that kernel) is read only after pdl_wait
+  prefetch_records<VIEW>(base, r0, a + warp, WARPS, b, pf, lane);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   pdl_wait();
   Group<NT, VIEW, U> ga, gb;
@@ -749,6 +742,7 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
+  int pf;          // records per warp prefetched into L2 before the first loads
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
@@ -767,7 +761,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets);
+                            (int*)a.tickets, a.pf);
 }
 
 template <int NT, bool VIEW>
@@ -794,14 +788,14 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
-// pdl: 1 = programmatic dependent launch (the kernel streams its weights while the previous kernel in the
-// stream finishes; it reads X only once that kernel is complete).
+// pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
+// finishes; it reads X only once that kernel is complete); pf: records per warp prefetched into L2 first.
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, int pf, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, pf};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
