@@ -13,6 +13,9 @@
 //   warp  = the CTA's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
+//   start = the warp's first pf records are prefetched into L2 (one 128-byte line per lane, no registers
+//           held) and, with programmatic dependent launch (PDL), that happens while the previous kernel in
+//           the stream finishes: X is read only after griddepcontrol.wait (pdl_wait).
 //
 // One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
 // order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
@@ -30,7 +33,9 @@
 // exact sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) for the CTA's escapes in list
 // order (SPEC.md §7), one rounding to bf16 when the tile is complete.  The escapes come from the per-tile
 // lists of gemm_cuda.tile_escapes (load time): entry (row in tile << 24 | column, h), offsets per
-// (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load.
+// (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load;
+// at M ≤ 8 the X words at the escapes' columns are gathered into shared memory (cp.async) before the
+// warp reduction, so the correction's chain of adds reads no global memory.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
