@@ -7,8 +7,8 @@ L layers with distinct weights (nothing stays in L2 from one layer to the next),
 per layer q/k/v (6144×4096), o (4096²), gate/up (28672×4096) and down (4096×14336) projections, with
 torch.compile'd stand-ins for what a model runs between them (RMSNorm + residual, rotary + KV-cache write + GQA
 attention over 320 cached positions, SiLU·mul) — the kernel sequence a compiled Transformers decode step
-replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off and `gemm_cuda.PREFETCH` = 0, 4,
-8 records per warp prefetched into L2 first) or cuBLAS (`torch.matmul` on the same weights in BF16). Each
+replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off and `gemm_cuda.PREFETCH` = 0 or 4
+records per warp prefetched into L2 first) or cuBLAS (`torch.matmul` on the same weights in BF16). Each
 variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
 back, no stand-ins) too. Checks: every W12 variant's final hidden state is the same bits, and close to
 cuBLAS's (relative ∞-norm error printed). Writes OUT/decode_step.md and OUT/best.env (the fastest W12 variant's
@@ -22,6 +22,7 @@ import statistics
 import sys
 
 import torch
+import torch._inductor.config  # noqa: F401  (enable_pdl is reported)
 import torch.nn.functional as F
 import triton
 
@@ -31,6 +32,7 @@ from kernels import Mat, rel, spin  # noqa: E402  (bench/kernels.py)
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 H, NQ, NKV, HD, FF, CACHE = 4096, 32, 8, 128, 14336, 320
+PREFETCHES = (0, 4)  # records per warp prefetched into L2 (8 was slower still: session 7, bench/results)
 
 
 def norm_add(h, r, w):
@@ -120,7 +122,7 @@ def main():
     L = args.layers
     # (name, projections, PDL, records per warp prefetched into L2)
     variants = [("cuBLAS BF16", "bf16", None, None)] + [
-        (f"W12, {'PDL' if pdl else 'no PDL'}, prefetch {pf}", "w12", pdl, pf) for pf in (0, 4, 8) for pdl in (False, True)]
+        (f"W12, {'PDL' if pdl else 'no PDL'}, prefetch {pf}", "w12", pdl, pf) for pf in PREFETCHES for pdl in (False, True)]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
         for name, kind, pdl, pf in variants:
@@ -140,12 +142,14 @@ def main():
     same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)
     err = rel(ref, outs["cuBLAS BF16"].float())
     print(f"W12 variants all the same bits: {same}; W12 vs cuBLAS rel err {err:.2e}")
+    pdl_inductor = torch._inductor.config.triton.enable_pdl
     best = min(w12, key=lambda r: r[1])
     with open(os.path.join(args.out, "best.env"), "w") as fh:  # for the next command of the same GPU call
         fh.write(f"export W12_PDL={int(best[3])} W12_PREFETCH={best[4]}\n")
     base = rows[0][1]
     lines = [f"# Decode-step model: W12 with / without PDL vs cuBLAS BF16 — {datetime.date.today()}", "",
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+             f"- stand-ins compiled with inductor PDL (TORCHINDUCTOR_ENABLE_PDL): {pdl_inductor}",
              f"- command: `W12_CUDA=1 python bench/decode_step.py --layers {L} --rounds {args.rounds} --out $OUT`",
              f"- final hidden state: every W12 variant the same bits: **{same}**; W12 vs cuBLAS ‖Δ‖∞/‖ref‖∞ = {err:.2e}",
              f"- median of {args.rounds} interleaved rounds", "", "| variant | step µs per layer | speed-up vs cuBLAS | projections alone µs per layer |",

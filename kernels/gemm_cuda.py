@@ -29,7 +29,7 @@ class CudaConfig:
 # Programmatic dependent launch for the skinny kernel (w12_gemv.cu pdl_wait): it prefetches its first weights and
 # waits for the previous kernel in the stream only before reading X.  W12_PDL=0 launches it the plain way.
 PDL = os.environ.get("W12_PDL", "1") != "0"
-PREFETCH = int(os.environ.get("W12_PREFETCH", "4"))  # records per warp the skinny kernel prefetches into L2 first
+PREFETCH = int(os.environ.get("W12_PREFETCH", "0"))  # records per warp the skinny kernel prefetches into L2 first (bench/decode_step.py: 4 and 8 were slower)
 
 TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
 

@@ -33,9 +33,7 @@
 // exact sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) for the CTA's escapes in list
 // order (SPEC.md §7), one rounding to bf16 when the tile is complete.  The escapes come from the per-tile
 // lists of gemm_cuda.tile_escapes (load time): entry (row in tile << 24 | column, h), offsets per
-// (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load;
-// at M ≤ 8 the X words at the escapes' columns are gathered into shared memory (cp.async) before the
-// warp reduction, so the correction's chain of adds reads no global memory.
+// (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -71,9 +69,6 @@ __device__ __forceinline__ void prefetch_records(const uint8_t* base, int r0, in
   const int off = lane < 8 ? r0 * 64 + lane * 128 : VIEW_BYTES + r0 * 32 + (lane - 8) * 128;
   for (int i = 0, kb = kb0; i < pf && kb < KB; ++i, kb += step) prefetch_l2(base + (size_t)kb * REC + off);
 }
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
@@ -82,11 +77,6 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.com
 // pdl_launch_dependents lets the next kernel, if it was launched with PDL, start its own weight loads.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-
-// the bf16 at column col of the 32-bit word that holds columns col & ~1 and (col & ~1) + 1, as a float
-__device__ __forceinline__ float bf16_of_word(uint32_t w, int col) {
-  return __uint_as_float((col & 1) ? (w & 0xFFFF0000u) : (w << 16));
-}
 
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
   uint32_t d;
@@ -245,15 +235,8 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
-// M ≤ 8: the resident CTAs per SM these configs reached before PDL (ptxas otherwise lets small edits of the
-// prologue cost a few registers and, for 4 warps, an occupancy step: 7 -> 6 CTAs per SM)
-template <int NT, int WARPS, int U>
-constexpr int gemv_min_blocks() {
-  return NT != 1 ? 1 : WARPS == 8 ? (U == 1 ? 3 : 2) : (U == 1 ? 7 : 4);
-}
-
 template <int NT, bool VIEW, int WARPS, int U>
-__global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets, int pf) {
@@ -265,8 +248,6 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
-  constexpr int XG = NT == 1 ? 8 : 1;         // X rows whose escape columns are gathered into s_xw (NT = 1)
-  __shared__ uint32_t s_xw[XG][THREADS];      // the 32-bit X word that holds entry tid's column, row m0 + m
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -299,7 +280,6 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  const int mcount = min(MT, M - m0);
   // while the previous kernel finishes (PDL): the warp's first pf records into L2 and the tile's exponents into
   // shared memory; X (written by that kernel) is read only after pdl_wait
   prefetch_records<VIEW>(base, r0, a + warp, WARPS, b, pf, lane);
@@ -319,13 +299,7 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
-  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes.
-  // NT = 1: first gather the X words at this thread's escape column (cp.async: in flight during the reduction)
-  if (!VIEW && NT == 1 && e_lo + tid < e_hi) {
-    cp_async_wait_all();
-    const int col = (int)(s_ent[tid].x & 0xFFFFFFu) & ~1;
-    for (int m = 0; m < mcount; ++m) cp_async4(&s_xw[m][tid], x + (size_t)(m0 + m) * ldx + col);
-  }
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     red[warp][g][8 * j + 2 * t] = acc[j][0];
@@ -335,6 +309,7 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
   }
   cp_async_wait_all();
   __syncthreads();
+  const int mcount = min(MT, M - m0);
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4;
     float sum = 0.f;
@@ -346,15 +321,7 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
     for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
       if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
         __syncthreads();   // the previous chunk's readers are done
-        if (c0 + tid < e_hi) {
-          const uint2 en = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
-          s_ent[tid] = en;
-          if (NT == 1) {
-            const int col = (int)(en.x & 0xFFFFFFu) & ~1;
-            for (int m = 0; m < mcount; ++m) cp_async4(&s_xw[m][tid], x + (size_t)(m0 + m) * ldx + col);
-          }
-        }
-        cp_async_wait_all();
+        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
         __syncthreads();
       }
       // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
@@ -386,8 +353,7 @@ __global__ void __launch_bounds__(WARPS * 32, gemv_min_blocks<NT, WARPS, U>()) w
         for (int cw = 0; cw < WARPS; ++cw) {
           for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
             int jj = 32 * cw + __ffs(bm) - 1;
-            float xv = NT == 1 ? bf16_of_word(s_xw[NT == 1 ? m : 0][jj], s_col[jj]) : __bfloat162float(xm[s_col[jj]]);
-            out = fmaf(xv, s_d[jj], out);
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
           }
         }
         red[0][r][m] = out;
