@@ -26,10 +26,13 @@ class CudaConfig:
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
 
 
-# Programmatic dependent launch for the skinny kernel (w12_gemv.cu pdl_wait): it prefetches its first weights and
-# waits for the previous kernel in the stream only before reading X.  W12_PDL=0 launches it the plain way.
-PDL = os.environ.get("W12_PDL", "1") != "0"
-PREFETCH = int(os.environ.get("W12_PREFETCH", "0"))  # records per warp the skinny kernel prefetches into L2 first (bench/decode_step.py: 4 and 8 were slower)
+# Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
+# kernel in the stream finishes and reads X only once that kernel is complete.  Measured in a decode-step graph
+# (bench/decode_step.py, 2026-12-01-pdl-h200-s7.md): it pays only when the kernels around it use PDL too, so by
+# default it follows inductor's switch (TORCHINDUCTOR_ENABLE_PDL=1); W12_PDL=0/1 overrides.
+PDL = os.environ.get("W12_PDL", os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "0")) != "0"
+# records per warp the skinny kernel prefetches into L2 before its first loads (4 and 8 measured slower: 0)
+PREFETCH = int(os.environ.get("W12_PREFETCH", "0"))
 
 TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
 
