@@ -123,3 +123,18 @@ def test_cu_compiles(tmp_path, name, symbols):
     for s in symbols:
         assert f" T {s}" in out, f"{s} not exported by {lib.name}"
     ctypes.CDLL(str(lib))  # loads (static CUDA runtime, no GPU needed to load)
+
+
+@pytest.mark.parametrize("env, expected", [({}, False), ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, True),
+                                           ({"TORCHINDUCTOR_ENABLE_PDL": "1", "W12_PDL": "0"}, False),
+                                           ({"W12_PDL": "1"}, True)])
+def test_pdl_switch(env, expected):
+    """The skinny kernel's PDL launch follows inductor's switch unless W12_PDL says otherwise (read at import)."""
+    import os
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items() if k not in ("W12_PDL", "TORCHINDUCTOR_ENABLE_PDL")}
+    out = subprocess.run([sys.executable, "-c", "from w12.kernels import gemm_cuda as g; print(g.PDL, g.PREFETCH)"],
+                         env={**base, **env}, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(expected), "0"]
