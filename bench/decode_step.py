@@ -13,6 +13,11 @@ variant is timed (do_bench on the graph replay, median) as µs per layer, with t
 back, no stand-ins) too. Checks: every W12 variant's final hidden state is the same bits, and close to
 cuBLAS's (relative ∞-norm error printed). Writes OUT/decode_step.md and OUT/best.env (the fastest W12 variant's
 W12_PDL / W12_PREFETCH, for the next command of the same GPU call).
+
+    W12_CUDA=1 python bench/decode_step.py --sweep [--layers 6] [--out DIR]
+
+times every M = 1 config of the skinny kernel for each projection INSIDE the step (the kernel table was tuned on
+isolated calls) and writes OUT/cuda_table_decode.py, a table override for W12_CUDA_TABLE (bench/hf_decode.py).
 """
 
 import argparse
@@ -27,7 +32,7 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import Mat, rel, spin  # noqa: E402  (bench/kernels.py)
+from kernels import Mat, cuda_candidates, rel, spin  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -111,14 +116,75 @@ def graph_us(fn, per):
     return t, out.clone()
 
 
+def reset_cache(st):
+    for c0, c in zip(st.kc0 + st.vc0, st.kc + st.vc):
+        c.copy_(c0)
+
+
+def sweep(st, args):
+    """--sweep: per projection shape, every M = 1 candidate config of the skinny kernel timed INSIDE the decode
+    step (the other shapes keep their current config; greedy, shape by shape), each candidate first checked
+    against the table's config on that shape (relative error < 1e-2); then the table's configs and the swept
+    ones in interleaved rounds. Writes OUT/cuda_table_decode.py (for W12_CUDA_TABLE) and OUT/decode_sweep.md."""
+    L, shapes = args.layers, {"qkv": (6144, H), "o": (H, H), "gu": (2 * FF, H), "dn": (H, FF)}
+    before = {kind: gc.pick_config(1, n, k) for kind, (n, k) in shapes.items()}
+    lines = []
+    for kind, (n, k) in shapes.items():
+        key, mt = (n, k, 8, False), st.mats[0][kind]
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        y0 = mt.run(x, cuda=before[kind]).float()
+        timed = []
+        for cfg in cuda_candidates(1):
+            err = rel(mt.run(x, cuda=cfg), y0)
+            if err > 1e-2:
+                raise SystemExit(f"{kind} {cfg}: relative error {err:.2e} against {before[kind]}")
+            gc.TABLE[key] = cfg
+            reset_cache(st)
+            t, _ = graph_us(lambda: st.run("w12"), L)
+            timed.append((t, cfg))
+            print(f"{kind} {n}x{k} {cfg}: step {t:.1f} µs/layer", flush=True)
+        t_best, c_best = min(timed, key=lambda r: r[0])
+        gc.TABLE[key] = c_best
+        lines.append(f"| {kind} {n}×{k} | {before[kind]} | {c_best} | "
+                     + ", ".join(f"{c.warps}/{c.unroll}/{c.split}: {t:.1f}" for t, c in timed) + " |")
+    after = {kind: gc.pick_config(1, n, k) for kind, (n, k) in shapes.items()}
+    times = {"table": [], "swept": []}
+    for rnd in range(args.rounds):
+        for name, cfgs in (("table", before), ("swept", after)):
+            for kind, (n, k) in shapes.items():
+                gc.TABLE[(n, k, 8, False)] = cfgs[kind]
+            reset_cache(st)
+            times[name].append(graph_us(lambda: st.run("w12"), L)[0])
+        print(f"round {rnd}: table {times['table'][-1]:.1f}, swept {times['swept'][-1]:.1f} µs/layer", flush=True)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    table = "TABLE = {\n" + "".join(f"    ({n}, {k}, 8, False): {after[kind]},\n" for kind, (n, k) in shapes.items()) + "}\n"
+    with open(os.path.join(args.out, "cuda_table_decode.py"), "w") as fh:
+        fh.write(f"# bench/decode_step.py --sweep, commit {os.environ.get('W12_REV', '?')}: M = 1 configs timed in a decode step\n")
+        fh.write(table)
+    text = "\n".join([
+        f"# M = 1 kernel configs timed inside a decode step — {datetime.date.today()}", "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}; PDL {gc.PDL}",
+        f"- command: `W12_CUDA=1 python bench/decode_step.py --sweep --layers {L} --rounds {args.rounds} --out $OUT`",
+        f"- step µs per layer, median of {args.rounds} interleaved rounds: table configs {med['table']:.1f}, "
+        f"swept {med['swept']:.1f} ({med['table'] / med['swept']:.3f}×)", "",
+        "| projection | table config | swept config | step µs per layer by warps/unroll/split |", "|---|---|---|---|",
+        *lines, "", "```python", table, "```"]) + "\n"
+    print(text)
+    with open(os.path.join(args.out, "decode_sweep.md"), "w") as fh:
+        fh.write(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sweep", action="store_true", help="time the M = 1 kernel configs inside the step instead")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     st = Step(args.layers)
+    if args.sweep:
+        return sweep(st, args)
     L = args.layers
     # (name, projections, PDL, records per warp prefetched into L2)
     variants = [("cuBLAS BF16", "bf16", None, None)] + [
@@ -128,8 +194,7 @@ def main():
         for name, kind, pdl, pf in variants:
             if pdl is not None:
                 gc.PDL, gc.PREFETCH = pdl, pf
-            for c0, c in zip(st.kc0 + st.vc0, st.kc + st.vc):
-                c.copy_(c0)
+            reset_cache(st)
             t_all, out = graph_us(lambda: st.run(kind), L)
             t_proj, _ = graph_us(lambda: st.run(kind, glue=False), L)
             outs.setdefault(name, out)
