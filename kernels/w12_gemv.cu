@@ -13,9 +13,9 @@
 //   warp  = the CTA's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
-//   start = the warp's first pf records are prefetched into L2 (one 128-byte line per lane, no registers
-//           held) and, with programmatic dependent launch (PDL), that happens while the previous kernel in
-//           the stream finishes: X is read only after griddepcontrol.wait (pdl_wait).
+//   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
+//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait) but, if pf > 0, prefetches
+//           the warp's first pf records into L2 (one 128-byte line per lane; measured slower, default 0).
 //
 // One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
 // order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
@@ -72,9 +72,9 @@ __device__ __forceinline__ void prefetch_records(const uint8_t* base, int r0, in
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
-// start while the one before it in the stream is finishing.  Everything before pdl_wait reads only what no
-// earlier kernel writes (the weights, their tables); X is read and Y, ws, tickets written after it.
-// pdl_launch_dependents lets the next kernel, if it was launched with PDL, start its own weight loads.
+// start while the one before it in the stream is finishing.  Before pdl_wait it only issues L2 prefetches of
+// its weights (nothing comes back to it); every read and write happens after.  pdl_launch_dependents lets the
+// next kernel, if it was launched with PDL, start early in turn.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
@@ -260,14 +260,19 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
-  // ---- issue: the CTA's escape offsets, L2 prefetches, (PDL wait), two pipeline stages of records (and X),
-  // then (cp.async, no registers held) the first THREADS escape entries
+  // ---- issue: (L2 prefetches, PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
+  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
+  // while the previous kernel in the stream may still run (PDL): only L2 prefetches, which return nothing to the
+  // kernel; all it reads after pdl_wait (X, and the weights and tables too, should that kernel have written them)
+  // is complete and visible
+  prefetch_records<VIEW>(base, r0, a + warp, WARPS, b, pf, lane);
+  pdl_wait();
   int e_lo = 0, e_hi = 0;
   if (!VIEW) {
     e_lo = __ldg(toff + (long)c * KB + a);
     e_hi = __ldg(toff + (long)c * KB + b);
   }
-  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
   const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
   const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
   bool xok[NT];
@@ -280,14 +285,10 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // while the previous kernel finishes (PDL): the warp's first pf records into L2 and the tile's exponents into
-  // shared memory; X (written by that kernel) is read only after pdl_wait
-  prefetch_records<VIEW>(base, r0, a + warp, WARPS, b, pf, lane);
-  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-  pdl_wait();
   Group<NT, VIEW, U> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
