@@ -7,12 +7,11 @@ L layers with distinct weights (nothing stays in L2 from one layer to the next),
 per layer q/k/v (6144×4096), o (4096²), gate/up (28672×4096) and down (4096×14336) projections, with
 torch.compile'd stand-ins for what a model runs between them (RMSNorm + residual, rotary + KV-cache write + GQA
 attention over 320 cached positions, SiLU·mul) — the kernel sequence a compiled Transformers decode step
-replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off and `gemm_cuda.PREFETCH` = 0 or 4
-records per warp prefetched into L2 first) or cuBLAS (`torch.matmul` on the same weights in BF16). Each
-variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
+replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off) or cuBLAS (`torch.matmul` on
+the same weights in BF16). Each variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
 back, no stand-ins) too. Checks: every W12 variant's final hidden state is the same bits, and close to
 cuBLAS's (relative ∞-norm error printed). Writes OUT/decode_step.md and OUT/best.env (the fastest W12 variant's
-W12_PDL / W12_PREFETCH, for the next command of the same GPU call).
+W12_PDL, for the next command of the same GPU call).
 
     W12_CUDA=1 python bench/decode_step.py --sweep [--layers 6] [--out DIR]
 
@@ -37,7 +36,6 @@ from kernels import Mat, cuda_candidates, rel, spin  # noqa: E402  (bench/kernel
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 H, NQ, NKV, HD, FF, CACHE = 4096, 32, 8, 128, 14336, 320
-PREFETCHES = (0, 4)  # records per warp prefetched into L2 (8 was slower still: session 7, bench/results)
 
 
 def norm_add(h, r, w):
@@ -186,14 +184,13 @@ def main():
     if args.sweep:
         return sweep(st, args)
     L = args.layers
-    # (name, projections, PDL, records per warp prefetched into L2)
-    variants = [("cuBLAS BF16", "bf16", None, None)] + [
-        (f"W12, {'PDL' if pdl else 'no PDL'}, prefetch {pf}", "w12", pdl, pf) for pf in PREFETCHES for pdl in (False, True)]
+    # (name, projections, PDL)
+    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True)]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
-        for name, kind, pdl, pf in variants:
+        for name, kind, pdl in variants:
             if pdl is not None:
-                gc.PDL, gc.PREFETCH = pdl, pf
+                gc.PDL = pdl
             reset_cache(st)
             t_all, out = graph_us(lambda: st.run(kind), L)
             t_proj, _ = graph_us(lambda: st.run(kind, glue=False), L)
@@ -201,7 +198,7 @@ def main():
             times[name][0].append(t_all)
             times[name][1].append(t_proj)
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
-    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl, pf) for n, _, pdl, pf in variants]
+    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl in variants]
     w12 = [r for r in rows if r[3] is not None]
     ref = outs[w12[0][0]]
     same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)
@@ -210,7 +207,7 @@ def main():
     pdl_inductor = getattr(torch._inductor.config.triton, "enable_pdl", "not in this torch")
     best = min(w12, key=lambda r: r[1])
     with open(os.path.join(args.out, "best.env"), "w") as fh:  # for the next command of the same GPU call
-        fh.write(f"export W12_PDL={int(best[3])} W12_PREFETCH={best[4]}\n")
+        fh.write(f"export W12_PDL={int(best[3])}\n")
     base = rows[0][1]
     lines = [f"# Decode-step model: W12 with / without PDL vs cuBLAS BF16 — {datetime.date.today()}", "",
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
@@ -219,7 +216,7 @@ def main():
              f"- final hidden state: every W12 variant the same bits: **{same}**; W12 vs cuBLAS ‖Δ‖∞/‖ref‖∞ = {err:.2e}",
              f"- median of {args.rounds} interleaved rounds", "", "| variant | step µs per layer | speed-up vs cuBLAS | projections alone µs per layer |",
              "|---|---|---|---|"]
-    lines += [f"| {n} | {t:.1f} | {base / t:.3f}× | {p:.1f} |" for n, t, p, _, _ in rows]
+    lines += [f"| {n} | {t:.1f} | {base / t:.3f}× | {p:.1f} |" for n, t, p, _ in rows]
     text = "\n".join(lines) + "\n"
     print(text)
     with open(os.path.join(args.out, "decode_step.md"), "w") as fh:

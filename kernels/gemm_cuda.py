@@ -31,8 +31,6 @@ class CudaConfig:
 # (bench/decode_step.py, 2026-12-01-pdl-h200-s7.md): it pays only when the kernels around it use PDL too, so by
 # default it follows inductor's switch (TORCHINDUCTOR_ENABLE_PDL=1); W12_PDL=0/1 overrides.
 PDL = os.environ.get("W12_PDL", os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "0")) != "0"
-# records per warp the skinny kernel prefetches into L2 before its first loads (4 and 8 measured slower: 0)
-PREFETCH = int(os.environ.get("W12_PREFETCH", "0"))
 
 TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
 
@@ -287,7 +285,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
         err = library().w12_gemv(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), PREFETCH, stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

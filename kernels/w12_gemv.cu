@@ -14,8 +14,7 @@
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
 //   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
-//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait) but, if pf > 0, prefetches
-//           the warp's first pf records into L2 (one 128-byte line per lane; measured slower, default 0).
+//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).
 //
 // One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
 // order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
@@ -58,23 +57,12 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-// L2 prefetch of the 16 channels' bytes (view 16 × 64 B, nibbles 16 × 32 B: twelve 128-byte lines, one per lane
-// 0..11) of the records kb0, kb0 + step, ... (pf of them, below KB): no registers held, one instruction each
-template <bool VIEW>
-__device__ __forceinline__ void prefetch_records(const uint8_t* base, int r0, int kb0, int step, int KB, int pf, int lane) {
-  const int nl = VIEW ? 8 : 12;
-  if (lane >= nl) return;
-  const int off = lane < 8 ? r0 * 64 + lane * 128 : VIEW_BYTES + r0 * 32 + (lane - 8) * 128;
-  for (int i = 0, kb = kb0; i < pf && kb < KB; ++i, kb += step) prefetch_l2(base + (size_t)kb * REC + off);
-}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
-// start while the one before it in the stream is finishing.  Before pdl_wait it only issues L2 prefetches of
-// its weights (nothing comes back to it); every read and write happens after.  pdl_launch_dependents lets the
-// next kernel, if it was launched with PDL, start early in turn.
+// start while the one before it in the stream is finishing; it reads and writes nothing before pdl_wait.
+// pdl_launch_dependents lets the next kernel, if it was launched with PDL, start early in turn.  (An L2
+// prefetch of the first records before the wait was measured slower: 2026-12-01-pdl-h200-s7.md.)
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 
@@ -239,7 +227,7 @@ template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets, int pf) {
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -260,19 +248,15 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
-  // ---- issue: (L2 prefetches, PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
+  // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
   // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
-  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
-  // while the previous kernel in the stream may still run (PDL): only L2 prefetches, which return nothing to the
-  // kernel; all it reads after pdl_wait (X, and the weights and tables too, should that kernel have written them)
-  // is complete and visible
-  prefetch_records<VIEW>(base, r0, a + warp, WARPS, b, pf, lane);
-  pdl_wait();
+  pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
   int e_lo = 0, e_hi = 0;
   if (!VIEW) {
     e_lo = __ldg(toff + (long)c * KB + a);
     e_hi = __ldg(toff + (long)c * KB + b);
   }
+  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
   const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
   const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
   bool xok[NT];
@@ -714,7 +698,6 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
-  int pf;          // records per warp prefetched into L2 before the first loads
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
@@ -733,7 +716,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets, a.pf);
+                            (int*)a.tickets);
 }
 
 template <int NT, bool VIEW>
@@ -761,13 +744,13 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
-// finishes; it reads X only once that kernel is complete); pf: records per warp prefetched into L2 first.
+// finishes; it reads X only once that kernel is complete).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, int pf, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, pf};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
