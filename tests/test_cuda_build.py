@@ -3,7 +3,10 @@ every kernels/*.cu file compiles for sm_90a and exports its launchers. The kerne
 against the reference on the GPU by bench/kernels.py and bench/lm_head.py."""
 
 import ctypes
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -130,10 +133,6 @@ def test_cu_compiles(tmp_path, name, symbols):
                                            ({"W12_PDL": "1"}, True)])
 def test_pdl_switch(env, expected):
     """The skinny kernel's PDL launch follows inductor's switch unless W12_PDL says otherwise (read at import)."""
-    import os
-    import subprocess
-    import sys
-
     base = {k: v for k, v in os.environ.items() if k not in ("W12_PDL", "TORCHINDUCTOR_ENABLE_PDL")}
     out = subprocess.run([sys.executable, "-c", "from w12.kernels import gemm_cuda as g; print(g.PDL)"],
                          env={**base, **env}, capture_output=True, text=True, check=True).stdout.split()
