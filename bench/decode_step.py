@@ -7,8 +7,9 @@ L layers with distinct weights (nothing stays in L2 from one layer to the next),
 per layer q/k/v (6144×4096), o (4096²), gate/up (28672×4096) and down (4096×14336) projections, with
 torch.compile'd stand-ins for what a model runs between them (RMSNorm + residual, rotary + KV-cache write + GQA
 attention over 320 cached positions, SiLU·mul) — the kernel sequence a compiled Transformers decode step
-replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off) or cuBLAS (`torch.matmul` on
-the same weights in BF16). Each variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
+replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off; "W12 GLU": gate/up and
+SiLU·mul in one GLU kernel, as the Transformers runtime runs a gated MLP) or cuBLAS (`torch.matmul` on the same
+weights in BF16). Each variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
 back, no stand-ins) too. Checks: every W12 variant's final hidden state is the same bits, and close to
 cuBLAS's (relative ∞-norm error printed). Writes OUT/decode_step.md and OUT/best.env (the fastest W12 variant's
 W12_PDL, for the next command of the same GPU call).
@@ -84,7 +85,12 @@ class Step:
 
     @staticmethod
     def proj(mt, x, kind):
-        return mt.op(x) if kind == "w12" else torch.matmul(x, mt.w.t())
+        return mt.op(x) if kind.startswith("w12") else torch.matmul(x, mt.w.t())
+
+    @staticmethod
+    def glu(mt, x):
+        """silu(gate) · up from the [gate | up] matrix in one GLU kernel."""
+        return gc.launch(x, mt.records, mt.exps, mt.n, mt.escapes, mt.offs, mt.cols, glu=True)
 
     def run(self, kind, glue=True):
         h, r = self.h0, torch.zeros_like(self.h0)
@@ -94,8 +100,11 @@ class Step:
             att = self.attention(qkv, self.kc[i], self.vc[i], self.pos, self.cos, self.sin) if glue else qkv[:, :H]
             o = self.proj(m["o"], att, kind)
             h, a = self.norm_add(h, o, self.nw) if glue else (h, o)
-            gu = self.proj(m["gu"], a, kind)
-            mlp = self.silu_mul(gu) if glue else gu[:, :FF]
+            if kind == "w12glu":
+                mlp = self.glu(m["gu"], a)
+            else:
+                gu = self.proj(m["gu"], a, kind)
+                mlp = self.silu_mul(gu) if glue else gu[:, :FF]
             r = self.proj(m["dn"], mlp, kind)
         return h + r
 
@@ -185,7 +194,8 @@ def main():
         return sweep(st, args)
     L = args.layers
     # (name, projections, PDL)
-    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True)]
+    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True),
+                ("W12 GLU, no PDL", "w12glu", False), ("W12 GLU, PDL", "w12glu", True)]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
         for name, kind, pdl in variants:
@@ -200,10 +210,15 @@ def main():
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
     rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl in variants]
     w12 = [r for r in rows if r[3] is not None]
-    ref = outs[w12[0][0]]
-    same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)
+    same = True
+    for kind in ("w12", "w12glu"):  # PDL on / off: the same bits
+        names = [n for n, k, _ in variants if k == kind]
+        same &= all(torch.equal(outs[n].view(torch.int16), outs[names[0]].view(torch.int16)) for n in names)
+    ref = outs["W12, no PDL"]
     err = rel(ref, outs["cuBLAS BF16"].float())
-    print(f"W12 variants all the same bits: {same}; W12 vs cuBLAS rel err {err:.2e}")
+    err_glu = rel(outs["W12 GLU, no PDL"], ref.float())
+    print(f"W12 variants the same bits with PDL on and off: {same}; W12 vs cuBLAS rel err {err:.2e}; "
+          f"GLU vs W12 {err_glu:.2e}")
     pdl_inductor = getattr(torch._inductor.config.triton, "enable_pdl", "not in this torch")
     best = min(w12, key=lambda r: r[1])
     with open(os.path.join(args.out, "best.env"), "w") as fh:  # for the next command of the same GPU call
@@ -213,7 +228,8 @@ def main():
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
              f"- stand-ins compiled with inductor PDL (TORCHINDUCTOR_ENABLE_PDL): {pdl_inductor}",
              f"- command: `W12_CUDA=1 python bench/decode_step.py --layers {L} --rounds {args.rounds} --out $OUT`",
-             f"- final hidden state: every W12 variant the same bits: **{same}**; W12 vs cuBLAS ‖Δ‖∞/‖ref‖∞ = {err:.2e}",
+             f"- final hidden state: W12 and W12 GLU each the same bits with PDL on and off: **{same}**; "
+             f"‖Δ‖∞/‖ref‖∞ W12 vs cuBLAS {err:.2e}, W12 GLU vs W12 {err_glu:.2e}",
              f"- median of {args.rounds} interleaved rounds", "", "| variant | step µs per layer | speed-up vs cuBLAS | projections alone µs per layer |",
              "|---|---|---|---|"]
     lines += [f"| {n} | {t:.1f} | {base / t:.3f}× | {p:.1f} |" for n, t, p, _ in rows]

@@ -12,16 +12,17 @@ flip at near-ties; the index of the first differing token is printed).
     python bench/hf_decode.py --json out.json     # also write the figures as JSON
     python bench/hf_decode.py --fuse both         # W12 with and without fused q/k/v, gate/up GEMMs
 
-W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.py) on CUDA by default;
+W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.py) on CUDA by default, and
+runs each gated MLP's SiLU·mul inside its gate/up GEMM (`glu_mlps`; env W12_GLU=0 keeps them apart);
 `--fuse off` loads it with W12_FUSE=0 (7 GEMMs per layer), `--fuse both` measures both. The JSON gives
-each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is fused).
+each W12 run's `fuse` switch, `fused_groups` and `glu_mlps` (0 on the CPU, where nothing is fused).
 
 The LM head is converted too (`--lm-head w12`, the default: the untied head is an ordinary lossless W12
 matrix; `--lm-head bf16` keeps the converter's default exclude).
 
 Each model is loaded and compiled in its own process (one torch.compile cache each), then the processes are
 timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds, default 5), so whatever the machine
-does meanwhile hits both sides alike (`--sequential`: one model after the other, each alone); each model's
+does meanwhile hits both sides alike (the processes load and compile side by side, before the first round) (`--sequential`: one model after the other, each alone); each model's
 figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
 the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
@@ -205,7 +206,7 @@ class Entry:
 
     def __init__(self, path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config,
                  fuse: bool | None = None):
-        from w12.runtime.fused import fused_groups
+        from w12.runtime.fused import fused_groups, glu_mlps
 
         self.device, self.new_tokens = device, new_tokens
         cuda = device.startswith("cuda")
@@ -224,7 +225,8 @@ class Entry:
         with GuardProbe() as probe:
             self.tokens = self.gen(0)[0]  # compile + warm-up (the timed runs reuse the same static cache shape)
         warm_s = time.perf_counter() - t  # includes the probe's ~10 k guard evaluations
-        self.res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(self.model), "load_s": load_s,
+        self.res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(self.model),
+                    "glu_mlps": glu_mlps(self.model), "load_s": load_s,
                     "warmup_s": warm_s, "weights_and_buffers_bytes": storage_bytes(self.model),
                     "max_cuda_mem_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
                     "compiled": getattr(self.model, "_compiled_call", None) is not None,
@@ -330,7 +332,7 @@ def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
 
 
 class Remote:
-    """An Entry living in a worker process (spawned; the parent waits until it has loaded and compiled)."""
+    """An Entry living in a worker process (spawned; it loads and compiles at once, `ready()` waits for that)."""
 
     def __init__(self, name, *args):
         import multiprocessing as mp
@@ -339,6 +341,8 @@ class Remote:
         self.name, (self.conn, child) = name, ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, *args), daemon=True)
         self.proc.start()
+
+    def ready(self):
         self._get()
 
     def _get(self):
@@ -416,6 +420,8 @@ def main(argv=None) -> dict:
         done = {}
         for group in groups:  # all models at once (rounds alternate), or one after the other
             entries = {n: Remote(n, specs[n][0], *common, specs[n][1]) for n in group}
+            for e in entries.values():  # the models load and compile side by side (own processes), then rounds
+                e.ready()
             for r in range(args.repeats):
                 line = {name: e.call("round", args.new_tokens) for name, e in entries.items()}
                 print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items()), file=sys.stderr)
