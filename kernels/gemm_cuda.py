@@ -266,7 +266,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
            config: CudaConfig | TcConfig | None = None, glu: bool = False):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
     glu=True (see glu_usable): bf16 [M, n/2] = bf16(silu(gate)) · up of W = [gate | up], the skinny kernel
-    with the warps pick_config gives W, one record per half per stage, no split K."""
+    with twice the warps pick_config gives W (half of them per half: gate and up are the values the plain
+    kernel writes), one record per warp and stage, no split K."""
     m, k = x.shape
     nb, kb = records.shape[:2]
     assert records.dtype == torch.uint8 and records.shape[2] == 12288 and kb * 64 == k, "records vs K"
@@ -278,7 +279,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     cfg = config
     if glu:
         cfg = cfg or pick_config(m, n, k)
-        cfg = CudaConfig(cfg.nt, cfg.warps, 1, 1)
+        cfg = CudaConfig(cfg.nt, 2 * cfg.warps, 1, 1)
     elif cfg is None:
         kind = kernel_for(m, n, k)
         cfg = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k, wg=kind == "wgmma")

@@ -138,7 +138,7 @@ def w12_gemm_packed_glu(x: torch.Tensor, packed: torch.Tensor, n: int, nnz: int)
     nb, kb = tiles(n, x.shape[1])
     parts = unpack_matrix(packed, nb, kb, nnz)
     if x.is_cuda and _gc.glu_usable(x, parts[0], parts[1], n):
-        return _gc.launch(x, *parts, n, glu=True)
+        return _gc.launch(x, parts[0], parts[1], n, *parts[2:], glu=True)
     return glu(_gemm(x, *parts, n))
 
 

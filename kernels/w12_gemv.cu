@@ -135,34 +135,30 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
   }
 }
 
-// U records of each of the warp's H tiles (H = 2: the gate and up tiles of a GLU CTA, the same kb): view (and
-// nibble) words of rows g and g+8 for columns 16t..16t+15, plus the matching X words (shared by the H tiles)
-// when they fit in registers (XPF: NT ≤ 2).
-template <int NT, bool VIEW, int U, int H>
+// U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
+// 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
+template <int NT, bool VIEW, int U>
 struct Group {
   static constexpr bool XPF = NT <= 2;
-  uint4 va[H][U], vb[H][U], na[H][U], nb[H][U];
+  uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
   __device__ __forceinline__ static void load_x(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
     load_x16(a, b, xr, ok, kb);
   }
 
-  __device__ __forceinline__ void load(const uint8_t* const (&base)[H], int kb0, int KB, int warps, int v0, int v1,
-                                       int n0, int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
+                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       int kb = kb0 + u * warps;
       if (kb < KB) {
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-          const uint8_t* r = base[h] + (size_t)kb * REC;
-          va[h][u] = ld_stream(r + v0);
-          vb[h][u] = ld_stream(r + v1);
-          if (!VIEW) {
-            na[h][u] = ld_stream(r + n0);
-            nb[h][u] = ld_stream(r + n1);
-          }
+        const uint8_t* r = base + (size_t)kb * REC;
+        va[u] = ld_stream(r + v0);
+        vb[u] = ld_stream(r + v1);
+        if (!VIEW) {
+          na[u] = ld_stream(r + n0);
+          nb[u] = ld_stream(r + n1);
         }
         if (XPF) {
 #pragma unroll
@@ -172,7 +168,7 @@ struct Group {
     }
   }
 
-  __device__ __forceinline__ void compute(float (&acc)[H][NT][4], int kb0, int KB, int warps, int nsh,
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, int nsh,
                                           const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -188,8 +184,7 @@ struct Group {
             load_x(ya[j], yb[j], xr[j], xok[j], kb);
           }
         }
-#pragma unroll
-        for (int h = 0; h < H; ++h) record_mma<NT, VIEW>(acc[h], va[h][u], vb[h][u], na[h][u], nb[h][u], ya, yb, nsh);
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nsh);
       }
     }
   }
@@ -229,10 +224,10 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
 // GLU (the gate/up matrix of a gated MLP, rows [gate (N/2) | up (N/2)], N/2 a multiple of 128): CTA c takes
-// gate tile c and up tile c + N/32 (the same 16 channels of each half, the same records kb, one X fragment
-// for both), finishes each exactly as the plain kernel does (fp32 sum of the warps in order, 2^(E_n − 127),
-// escapes in list order, one rounding to bf16: the values the plain kernel with the same warps writes for
-// those channels) and writes y[m, n] = bf16(bf16(silu(gate)) · up), silu(v) = v / (1 + e^(−v)) in fp32 with the
+// gate tile c and up tile c + N/32 (the same 16 channels of each half), warps 0..WARPS/2−1 the gate tile's
+// records and the others the up tile's, each half exactly as the plain kernel with WARPS/2 warps does it
+// (fp32 sum of its warps in order, 2^(E_n − 127), escapes in list order, one rounding to bf16: the values that
+// kernel writes), then y[m, n] = bf16(bf16(silu(gate)) · up), silu(v) = v / (1 + e^(−v)) in fp32 with the
 // hardware exp (ex2.approx, as inductor's kernels; eager CUDA's expf may differ in the last fp32 bit).  No split K.
 template <int NT, bool VIEW, int WARPS, int U, bool GLU>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
@@ -241,9 +236,10 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
-  constexpr int STEP = WARPS * U;
-  constexpr int H = GLU ? 2 : 1;  // tiles per CTA
-  __shared__ __align__(16) float red[H * WARPS][16][MT];  // tile h's warp partials at h·WARPS + warp
+  constexpr int H = GLU ? 2 : 1;      // tiles per CTA
+  constexpr int WT = WARPS / H;       // warps per tile
+  constexpr int STEP = WT * U;
+  __shared__ __align__(16) float red[WARPS][16][MT];  // warp partials; tile h's result lands in red[h·WT]
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
@@ -257,7 +253,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
   const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
-  const int nbh = GLU ? N / 256 : 0;  // GLU: record rows per half (the up tile is c + 8·nbh)
+  const int nbh = GLU ? N / 256 : 0;           // GLU: record rows per half (the up tile is c + 8·nbh)
+  const int hw = GLU ? warp / WT : 0, wt = GLU ? warp % WT : warp;  // this warp's tile and rank in it
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
@@ -273,9 +270,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
       e_hi[h] = __ldg(toff + (long)(c + 8 * nbh * h) * KB + b);
     }
   }
-  const uint8_t* base[H];
-#pragma unroll
-  for (int h = 0; h < H; ++h) base[h] = rec + ((size_t)(nb + nbh * h) * KB) * REC;
+  const uint8_t* base = rec + ((size_t)(nb + nbh * hw) * KB) * REC;
   const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
   const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
   bool xok[NT];
@@ -285,14 +280,12 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     xok[j] = m < M;
     xr[j] = x + (size_t)(xok[j] ? m : 0) * ldx + 16 * t;
   }
-  float acc[H][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int h = 0; h < H; ++h)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.f;
-  Group<NT, VIEW, U, H> ga, gb;
-  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
-  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  Group<NT, VIEW, U> ga, gb;
+  ga.load(base, a + wt, b, WT, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + wt + STEP, b, WT, va0, va1, na0, na1, xr, xok);
   if (tid < H) cp_async16(s_e + 16 * tid, expo + (nb + nbh * tid) * 128 + r0);
 #pragma unroll
   for (int h = 0; h < H; ++h)
@@ -300,23 +293,21 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
-    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  for (int kb0 = a + wt; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WT, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WT, va0, va1, na0, na1, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WT, nsh, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WT, va0, va1, na0, na1, xr, xok);
   }
 
-  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
+  // ---- epilogue: fixed-order reduction over each tile's warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
-  for (int h = 0; h < H; ++h)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      red[h * WARPS + warp][g][8 * j + 2 * t] = acc[h][j][0];
-      red[h * WARPS + warp][g][8 * j + 2 * t + 1] = acc[h][j][1];
-      red[h * WARPS + warp][g + 8][8 * j + 2 * t] = acc[h][j][2];
-      red[h * WARPS + warp][g + 8][8 * j + 2 * t + 1] = acc[h][j][3];
-    }
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][8 * j + 2 * t] = acc[j][0];
+    red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
   cp_async_wait_all();
   __syncthreads();
   const int mcount = min(MT, M - m0);
@@ -324,13 +315,13 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     int r = idx & 15, m = (idx >> 4) % mcount, h = GLU ? idx / (16 * mcount) : 0;
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; ++w) sum += red[h * WARPS + w][r][m];
-    red[h * WARPS][r][m] = sum * __int_as_float((int)s_e[16 * h + r] << 23);  // 2^(E_n − 127), exact
+    for (int w = 0; w < WT; ++w) sum += red[h * WT + w][r][m];
+    red[h * WT][r][m] = sum * __int_as_float((int)s_e[16 * h + r] << 23);  // 2^(E_n − 127), exact
   }
 #pragma unroll
   for (int h = 0; h < H; ++h) {
     if (VIEW || e_hi[h] <= e_lo[h]) continue;
-    float(&out_h)[16][MT] = red[h * WARPS];
+    float(&out_h)[16][MT] = red[h * WT];
     for (int c0 = e_lo[h]; c0 < e_hi[h]; c0 += THREADS) {
       if (c0 != e_lo[h] || h > 0) __syncthreads();  // the previous chunk's (or tile's) readers are done
       if (c0 != e_lo[h]) {  // more escapes than threads: the next chunk (the first came with the loads)
@@ -380,7 +371,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
     if (GLU) {  // bf16(bf16(silu(gate)) · up), each operand the bf16 the plain kernel writes
       float gv = __bfloat162float(__float2bfloat16_rn(red[0][r][m]));
-      float uv = __bfloat162float(__float2bfloat16_rn(red[WARPS][r][m]));
+      float uv = __bfloat162float(__float2bfloat16_rn(red[WT][r][m]));
       float sv = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(gv, 1.f + __expf(-gv))));
       y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(sv * uv);
     } else if (n < N) {
@@ -763,13 +754,13 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM); glu: the GLU
-// kernel (not the view, one record per half per stage, no split K; M ≤ 16)
+// kernel (not the view, one record per warp and stage, no split K; M ≤ 16; warps: 8 or 16, half per tile)
 int dispatch(const Args& a, int view, int nt, int warps, int unroll, int glu, cudaStream_t st) {
   if (glu) {
     if (view || unroll != 1 || a.split != 1 || a.NB % 2) return (int)cudaErrorInvalidValue;
 #define W12_GLU(NTV, W) \
   if (nt == NTV && warps == W) return launch_t<NTV, false, W, 1, true>(a, st);
-    W12_GLU(1, 4) W12_GLU(1, 8) W12_GLU(2, 4) W12_GLU(2, 8)
+    W12_GLU(1, 8) W12_GLU(1, 16) W12_GLU(2, 8) W12_GLU(2, 16)
 #undef W12_GLU
     return (int)cudaErrorInvalidValue;
   }
@@ -788,7 +779,7 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int glu, cu
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  glu: 1 = y [M, N/2] = bf16(silu(gate)) · up of the
-// matrix's halves (the GLU kernel above: nt 1 or 2, unroll 1, split 1, NB even).
+// matrix's halves (the GLU kernel above: nt 1 or 2, warps 8 or 16, unroll 1, split 1, NB even).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
