@@ -87,10 +87,12 @@ class Step:
     def proj(mt, x, kind):
         return mt.op(x) if kind.startswith("w12") else torch.matmul(x, mt.w.t())
 
-    @staticmethod
-    def glu(mt, x):
+    glu_warps = None  # warps per tile of the GLU kernel (None: gemm_cuda's choice)
+
+    def glu(self, mt, x):
         """silu(gate) · up from the [gate | up] matrix in one GLU kernel."""
-        return gc.launch(x, mt.records, mt.exps, mt.n, mt.escapes, mt.offs, mt.cols, glu=True)
+        cfg = gc.CudaConfig(1, self.glu_warps, 1, 1) if self.glu_warps else None
+        return gc.launch(x, mt.records, mt.exps, mt.n, mt.escapes, mt.offs, mt.cols, glu=True, config=cfg)
 
     def run(self, kind, glue=True):
         h, r = self.h0, torch.zeros_like(self.h0)
@@ -186,6 +188,8 @@ def main():
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sweep", action="store_true", help="time the M = 1 kernel configs inside the step instead")
+    ap.add_argument("--glu-warps", type=lambda v: [int(w) for w in v.split(",")], default=[],
+                    help="also time the GLU kernel with these warps per tile (comma-separated: 2, 4, 8)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -194,13 +198,16 @@ def main():
         return sweep(st, args)
     L = args.layers
     # (name, projections, PDL)
-    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True),
-                ("W12 GLU, no PDL", "w12glu", False), ("W12 GLU, PDL", "w12glu", True)]
+    # (name, projections, PDL, GLU warps per tile)
+    variants = [("cuBLAS BF16", "bf16", None, None), ("W12, no PDL", "w12", False, None), ("W12, PDL", "w12", True, None),
+                ("W12 GLU, no PDL", "w12glu", False, None), ("W12 GLU, PDL", "w12glu", True, None)]
+    variants += [(f"W12 GLU {w} warps per tile, no PDL", "w12glu", False, w) for w in args.glu_warps]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
-        for name, kind, pdl in variants:
+        for name, kind, pdl, gw in variants:
             if pdl is not None:
                 gc.PDL = pdl
+            st.glu_warps = gw
             reset_cache(st)
             t_all, out = graph_us(lambda: st.run(kind), L)
             t_proj, _ = graph_us(lambda: st.run(kind, glue=False), L)
@@ -208,11 +215,11 @@ def main():
             times[name][0].append(t_all)
             times[name][1].append(t_proj)
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
-    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl in variants]
+    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl, _ in variants]
     w12 = [r for r in rows if r[3] is not None]
     same = True
     for kind in ("w12", "w12glu"):  # PDL on / off: the same bits
-        names = [n for n, k, _ in variants if k == kind]
+        names = [n for n, k, _, gw in variants if k == kind and gw is None]
         same &= all(torch.equal(outs[n].view(torch.int16), outs[names[0]].view(torch.int16)) for n in names)
     ref = outs["W12, no PDL"]
     err = rel(ref, outs["cuBLAS BF16"].float())

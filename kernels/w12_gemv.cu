@@ -754,13 +754,13 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM); glu: the GLU
-// kernel (not the view, one record per warp and stage, no split K; M ≤ 16; warps: 8 or 16, half per tile)
+// kernel (not the view, one record per warp and stage, no split K; M ≤ 16; warps: 4, 8 or 16, half per tile)
 int dispatch(const Args& a, int view, int nt, int warps, int unroll, int glu, cudaStream_t st) {
   if (glu) {
     if (view || unroll != 1 || a.split != 1 || a.NB % 2) return (int)cudaErrorInvalidValue;
 #define W12_GLU(NTV, W) \
   if (nt == NTV && warps == W) return launch_t<NTV, false, W, 1, true>(a, st);
-    W12_GLU(1, 8) W12_GLU(1, 16) W12_GLU(2, 8) W12_GLU(2, 16)
+    W12_GLU(1, 4) W12_GLU(1, 8) W12_GLU(1, 16) W12_GLU(2, 4) W12_GLU(2, 8) W12_GLU(2, 16)
 #undef W12_GLU
     return (int)cudaErrorInvalidValue;
   }
@@ -779,7 +779,7 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int glu, cu
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  glu: 1 = y [M, N/2] = bf16(silu(gate)) · up of the
-// matrix's halves (the GLU kernel above: nt 1 or 2, warps 8 or 16, unroll 1, split 1, NB even).
+// matrix's halves (the GLU kernel above: nt 1 or 2, warps 4, 8 or 16, unroll 1, split 1, NB even).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
