@@ -7,9 +7,8 @@ L layers with distinct weights (nothing stays in L2 from one layer to the next),
 per layer q/k/v (6144×4096), o (4096²), gate/up (28672×4096) and down (4096×14336) projections, with
 torch.compile'd stand-ins for what a model runs between them (RMSNorm + residual, rotary + KV-cache write + GQA
 attention over 320 cached positions, SiLU·mul) — the kernel sequence a compiled Transformers decode step
-replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off; "W12 GLU": gate/up and
-SiLU·mul in one GLU kernel, as the Transformers runtime runs a gated MLP) or cuBLAS (`torch.matmul` on the same
-weights in BF16). Each variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
+replays. Projections: W12 (the skinny CUDA kernel with `gemm_cuda.PDL` on / off) or cuBLAS (`torch.matmul` on
+the same weights in BF16). Each variant is timed (do_bench on the graph replay, median) as µs per layer, with the projections alone (back to
 back, no stand-ins) too. Checks: every W12 variant's final hidden state is the same bits, and close to
 cuBLAS's (relative ∞-norm error printed). Writes OUT/decode_step.md and OUT/best.env (the fastest W12 variant's
 W12_PDL, for the next command of the same GPU call).
@@ -85,14 +84,7 @@ class Step:
 
     @staticmethod
     def proj(mt, x, kind):
-        return mt.op(x) if kind.startswith("w12") else torch.matmul(x, mt.w.t())
-
-    glu_warps = None  # warps per tile of the GLU kernel (None: gemm_cuda's choice)
-
-    def glu(self, mt, x):
-        """silu(gate) · up from the [gate | up] matrix in one GLU kernel."""
-        cfg = gc.CudaConfig(1, self.glu_warps, 1, 1) if self.glu_warps else None
-        return gc.launch(x, mt.records, mt.exps, mt.n, mt.escapes, mt.offs, mt.cols, glu=True, config=cfg)
+        return mt.op(x) if kind == "w12" else torch.matmul(x, mt.w.t())
 
     def run(self, kind, glue=True):
         h, r = self.h0, torch.zeros_like(self.h0)
@@ -102,11 +94,8 @@ class Step:
             att = self.attention(qkv, self.kc[i], self.vc[i], self.pos, self.cos, self.sin) if glue else qkv[:, :H]
             o = self.proj(m["o"], att, kind)
             h, a = self.norm_add(h, o, self.nw) if glue else (h, o)
-            if kind == "w12glu":
-                mlp = self.glu(m["gu"], a)
-            else:
-                gu = self.proj(m["gu"], a, kind)
-                mlp = self.silu_mul(gu) if glue else gu[:, :FF]
+            gu = self.proj(m["gu"], a, kind)
+            mlp = self.silu_mul(gu) if glue else gu[:, :FF]
             r = self.proj(m["dn"], mlp, kind)
         return h + r
 
@@ -188,8 +177,6 @@ def main():
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sweep", action="store_true", help="time the M = 1 kernel configs inside the step instead")
-    ap.add_argument("--glu-warps", type=lambda v: [int(w) for w in v.split(",")], default=[],
-                    help="also time the GLU kernel with these warps per tile (comma-separated: 2, 4, 8)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -198,16 +185,12 @@ def main():
         return sweep(st, args)
     L = args.layers
     # (name, projections, PDL)
-    # (name, projections, PDL, GLU warps per tile)
-    variants = [("cuBLAS BF16", "bf16", None, None), ("W12, no PDL", "w12", False, None), ("W12, PDL", "w12", True, None),
-                ("W12 GLU, no PDL", "w12glu", False, None), ("W12 GLU, PDL", "w12glu", True, None)]
-    variants += [(f"W12 GLU {w} warps per tile, no PDL", "w12glu", False, w) for w in args.glu_warps]
+    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True)]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
-        for name, kind, pdl, gw in variants:
+        for name, kind, pdl in variants:
             if pdl is not None:
                 gc.PDL = pdl
-            st.glu_warps = gw
             reset_cache(st)
             t_all, out = graph_us(lambda: st.run(kind), L)
             t_proj, _ = graph_us(lambda: st.run(kind, glue=False), L)
@@ -215,17 +198,12 @@ def main():
             times[name][0].append(t_all)
             times[name][1].append(t_proj)
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
-    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl, _ in variants]
+    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl in variants]
     w12 = [r for r in rows if r[3] is not None]
-    same = True
-    for kind in ("w12", "w12glu"):  # PDL on / off: the same bits
-        names = [n for n, k, _, gw in variants if k == kind and gw is None]
-        same &= all(torch.equal(outs[n].view(torch.int16), outs[names[0]].view(torch.int16)) for n in names)
-    ref = outs["W12, no PDL"]
+    ref = outs[w12[0][0]]
+    same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)
     err = rel(ref, outs["cuBLAS BF16"].float())
-    err_glu = rel(outs["W12 GLU, no PDL"], ref.float())
-    print(f"W12 variants the same bits with PDL on and off: {same}; W12 vs cuBLAS rel err {err:.2e}; "
-          f"GLU vs W12 {err_glu:.2e}")
+    print(f"W12 variants all the same bits: {same}; W12 vs cuBLAS rel err {err:.2e}")
     pdl_inductor = getattr(torch._inductor.config.triton, "enable_pdl", "not in this torch")
     best = min(w12, key=lambda r: r[1])
     with open(os.path.join(args.out, "best.env"), "w") as fh:  # for the next command of the same GPU call
@@ -235,8 +213,7 @@ def main():
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
              f"- stand-ins compiled with inductor PDL (TORCHINDUCTOR_ENABLE_PDL): {pdl_inductor}",
              f"- command: `W12_CUDA=1 python bench/decode_step.py --layers {L} --rounds {args.rounds} --out $OUT`",
-             f"- final hidden state: W12 and W12 GLU each the same bits with PDL on and off: **{same}**; "
-             f"‖Δ‖∞/‖ref‖∞ W12 vs cuBLAS {err:.2e}, W12 GLU vs W12 {err_glu:.2e}",
+             f"- final hidden state: every W12 variant the same bits: **{same}**; W12 vs cuBLAS ‖Δ‖∞/‖ref‖∞ = {err:.2e}",
              f"- median of {args.rounds} interleaved rounds", "", "| variant | step µs per layer | speed-up vs cuBLAS | projections alone µs per layer |",
              "|---|---|---|---|"]
     lines += [f"| {n} | {t:.1f} | {base / t:.3f}× | {p:.1f} |" for n, t, p, _ in rows]

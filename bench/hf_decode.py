@@ -12,10 +12,9 @@ flip at near-ties; the index of the first differing token is printed).
     python bench/hf_decode.py --json out.json     # also write the figures as JSON
     python bench/hf_decode.py --fuse both         # W12 with and without fused q/k/v, gate/up GEMMs
 
-W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.py) on CUDA by default, and
-runs each gated MLP's SiLU·mul inside its gate/up GEMM (`glu_mlps`; env W12_GLU=0 keeps them apart);
+W12 fuses sibling projections (q/k/v and gate/up: one GEMM each, runtime/fused.py) on CUDA by default;
 `--fuse off` loads it with W12_FUSE=0 (7 GEMMs per layer), `--fuse both` measures both. The JSON gives
-each W12 run's `fuse` switch, `fused_groups` and `glu_mlps` (0 on the CPU, where nothing is fused).
+each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is fused).
 
 The LM head is converted too (`--lm-head w12`, the default: the untied head is an ordinary lossless W12
 matrix; `--lm-head bf16` keeps the converter's default exclude).
@@ -25,7 +24,10 @@ timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds, defau
 does meanwhile hits both sides alike (the processes load and compile side by side, before the first round) (`--sequential`: one model after the other, each alone); each model's
 figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
-the steady per-token rate. On CUDA each run also reports `gemm_us_per_token`:
+the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
+(`decode_tok_s`, `speedup_w12_over_bf16`: the exact length guaranteed by a logits processor that runs every
+step) and plain generate(max_new_tokens=n) as users call it (`decode_tok_s_plain`,
+`speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN). On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
 batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps).
 """
@@ -206,7 +208,7 @@ class Entry:
 
     def __init__(self, path: str, device: str, prompt: torch.Tensor, new_tokens: int, compile_config,
                  fuse: bool | None = None):
-        from w12.runtime.fused import fused_groups, glu_mlps
+        from w12.runtime.fused import fused_groups
 
         self.device, self.new_tokens = device, new_tokens
         cuda = device.startswith("cuda")
@@ -220,35 +222,43 @@ class Entry:
         self.ids = prompt.to(device)
         self.kw = dict(attention_mask=torch.ones_like(self.ids), do_sample=False, cache_implementation="static",
                        pad_token_id=0, compile_config=compile_config)
-        self.rates, self.tokens = [], None
+        self.rates, self.rates_plain, self.plain_same, self.tokens = [], [], True, None
         t = time.perf_counter()
         with GuardProbe() as probe:
             self.tokens = self.gen(0)[0]  # compile + warm-up (the timed runs reuse the same static cache shape)
         warm_s = time.perf_counter() - t  # includes the probe's ~10 k guard evaluations
-        self.res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(self.model),
-                    "glu_mlps": glu_mlps(self.model), "load_s": load_s,
+        self.res = {"path": path, "fuse": fuse, "fused_groups": fused_groups(self.model), "load_s": load_s,
                     "warmup_s": warm_s, "weights_and_buffers_bytes": storage_bytes(self.model),
                     "max_cuda_mem_bytes": torch.cuda.max_memory_allocated() - before if cuda else None,
                     "compiled": getattr(self.model, "_compiled_call", None) is not None,
                     "guard_frames": probe.frames}
 
-    def gen(self, n: int):
-        """generate n new tokens (0: the entry's full length), synchronised; (tokens, seconds)."""
+    def gen(self, n: int, force: bool = True):
+        """generate n new tokens (0: the entry's full length), synchronised; (tokens, seconds). force: also
+        min_new_tokens=n (a logits processor that masks EOS until n tokens; without it the EOS check stays and a
+        random model's argmax hardly ever hits EOS, which timed_round checks)."""
         n = n or self.new_tokens
         sync(self.device)
         t0 = time.perf_counter()
-        out = self.model.generate(self.ids, max_new_tokens=n, min_new_tokens=n, **self.kw)
+        out = self.model.generate(self.ids, max_new_tokens=n, **({"min_new_tokens": n} if force else {}), **self.kw)
         sync(self.device)
         return out[0, self.ids.shape[1]:].tolist(), time.perf_counter() - t0
 
-    def timed_round(self, new_tokens: int) -> float:
-        """One decode-rate sample: (new_tokens − 1) / (t(new_tokens) − t(1))."""
+    def timed_round(self, new_tokens: int) -> tuple:
+        """One decode-rate sample of each harness, (new_tokens − 1) / (t(new_tokens) − t(1)): with min_new_tokens
+        (the rounds' `round_tok_s`) and plain generate(max_new_tokens) (`round_tok_s_plain`; NaN if it stopped
+        early)."""
         toks, full = self.gen(new_tokens)
         _, first = self.gen(1)
         self.tokens = toks
         rate = (new_tokens - 1) / (full - first) if full > first else float("nan")
         self.rates.append(rate)
-        return rate
+        plain, full = self.gen(new_tokens, force=False)
+        _, first = self.gen(1, force=False)
+        self.plain_same &= plain == toks
+        ok = len(plain) == new_tokens and full > first
+        self.rates_plain.append((new_tokens - 1) / (full - first) if ok else float("nan"))
+        return rate, self.rates_plain[-1]
 
     def profile(self, new_tokens: int = 33) -> dict:
         """torch.profiler over generate(new_tokens) and generate(1): per decode step, the wall time, the time
@@ -284,7 +294,9 @@ class Entry:
 
     def finish(self) -> dict:
         """The entry's result (median rate over its rounds, the projections' breakdown); frees the model."""
-        res = dict(self.res, decode_tok_s=sorted(self.rates)[len(self.rates) // 2], round_tok_s=self.rates)
+        res = dict(self.res, decode_tok_s=sorted(self.rates)[len(self.rates) // 2], round_tok_s=self.rates,
+                   decode_tok_s_plain=sorted(self.rates_plain)[len(self.rates_plain) // 2],
+                   round_tok_s_plain=self.rates_plain, plain_generate_same_tokens=self.plain_same)
         if self.device.startswith("cuda"):  # where a token's time goes: projections vs everything else
             try:
                 res["gemm_us_per_token"] = gemm_breakdown(self.model)
@@ -424,7 +436,8 @@ def main(argv=None) -> dict:
                 e.ready()
             for r in range(args.repeats):
                 line = {name: e.call("round", args.new_tokens) for name, e in entries.items()}
-                print(f"round {r}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in line.items()), file=sys.stderr)
+                print(f"round {r}: " + ", ".join(f"{k} {v[0]:.1f} tok/s (plain generate {v[1]:.1f})"
+                                                   for k, v in line.items()), file=sys.stderr)
             profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
             for name, prof in profiles.items():
                 print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
@@ -434,6 +447,7 @@ def main(argv=None) -> dict:
                     done[name]["profile"] = profiles[name]
         bf16, w12r, unfused = done["bf16"], done["w12"], done.get("w12_unfused")
         ratios = [w / b for w, b in zip(w12r["round_tok_s"], bf16["round_tok_s"])]
+        ratios_plain = [w / b for w, b in zip(w12r["round_tok_s_plain"], bf16["round_tok_s_plain"])]
     finally:
         if not (args.keep or args.workdir):
             shutil.rmtree(workdir, ignore_errors=True)
@@ -458,6 +472,8 @@ def main(argv=None) -> dict:
         "bf16": bf16, "w12": w12r,
         "speedup_w12_over_bf16": w12r["decode_tok_s"] / bf16["decode_tok_s"],
         "round_ratios": ratios,
+        "speedup_w12_over_bf16_plain_generate": w12r["decode_tok_s_plain"] / bf16["decode_tok_s_plain"],
+        "round_ratios_plain_generate": ratios_plain,
         "token_agreement": sum(x == y for x, y in zip(a, b)) / len(a),
         "first_differing_token": first_diff,
         **extra,

@@ -4,10 +4,7 @@
 
 For a random 4096×4096 and a 6144×4096 (fused-width) matrix with escapes: both ops at M = 1, 16, 48, 128, 200
 (skinny, tensor-core and Triton kernels), outputs compared by bits; then a W12Linear prepared on CUDA and
-captured in a CUDA graph, compared with the op's eager output. Then `torch.ops.w12.gemm_packed_glu` (the GLU
-kernel: gate/up GEMM + SiLU·mul) on a [gate | up] 8192×4096 and 28672×4096 matrix at M = 1, 5, 16, against
-silu(gate) · up of gemm_packed's output: the kernel's silu uses the hardware exp, so a few elements may
-differ by one bf16 step; more than 0.1 % of them, or a larger step, is a failure. Eager vs CUDA graph by bits.
+captured in a CUDA graph, compared with the op's eager output.
 """
 
 import torch
@@ -51,38 +48,7 @@ def main():
             y0.view(torch.int16), torch.ops.w12.gemm(x, rec, exps, esc, offs, cols, n).view(torch.int16))
         ok &= same
         print(f"{n}x{k} W12Linear on CUDA (eager, CUDA graph) == gemm: {same}")
-    ok &= check_glu()
     print("ALL OK" if ok else "MISMATCH")
-
-
-def check_glu() -> bool:
-    import torch.nn.functional as F
-
-    ok = True
-    for n, k in ((8192, 4096), (28672, 4096)):
-        w = (torch.randn(n, k) * 0.02).to(torch.bfloat16)
-        w[::97, ::13] = 300.0
-        m = W12Matrix.from_bf16(w)
-        rec, exps, counts, esc = (t.cuda() for t in (m.records, m.exponents, m.esc_counts, m.escapes))
-        packed = pack_matrix(rec, exps, esc, *prepare_escapes(counts, esc))
-        for rows in (1, 5, 16):
-            x = torch.randn(rows, k, device="cuda").to(torch.bfloat16)
-            y = torch.ops.w12.gemm_packed(x, packed, n, esc.shape[0])
-            got = torch.ops.w12.gemm_packed_glu(x, packed, n, esc.shape[0])
-            want = F.silu(y[:, :n // 2]) * y[:, n // 2:]
-            steps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
-            frac, worst = (steps > 0).float().mean().item(), steps.max().item()
-            good = frac <= 1e-3 and worst <= 2 and got.shape == (rows, n // 2)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                yg = torch.ops.w12.gemm_packed_glu(x, packed, n, esc.shape[0])
-            g.replay()
-            torch.cuda.synchronize()
-            good &= torch.equal(yg.view(torch.int16), got.view(torch.int16))
-            ok &= good
-            print(f"GLU {n}x{k} M={rows}: elements off silu(gate)·up {frac:.2e}, largest {worst} bf16 steps, "
-                  f"CUDA graph same bits, OK: {good}")
-    return ok
 
 
 if __name__ == "__main__":

@@ -257,17 +257,9 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
             and exponents.data_ptr() % 16 == 0 and library() is not None)
 
 
-def glu_usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> bool:
-    """True when the GLU kernel can take [gate | up] (n rows, each half whole record rows) at this M (≤ 16)."""
-    return x.shape[0] <= 16 and n % 256 == 0 and records.shape[0] * 128 == n and usable(x, records, exponents, n)
-
-
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | None = None, glu: bool = False):
-    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
-    glu=True (see glu_usable): bf16 [M, n/2] = bf16(silu(gate)) · up of W = [gate | up], the skinny kernel
-    with twice the warps pick_config gives W (half of them per half: gate and up are the values the plain
-    kernel writes), one record per warp and stage, no split K."""
+           config: CudaConfig | TcConfig | None = None):
+    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n]."""
     m, k = x.shape
     nb, kb = records.shape[:2]
     assert records.dtype == torch.uint8 and records.shape[2] == 12288 and kb * 64 == k, "records vs K"
@@ -277,13 +269,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
     cfg = config
-    if glu:
-        cfg = cfg or pick_config(m, n, k)
-        cfg = CudaConfig(cfg.nt, 2 * cfg.warps, 1, 1)
-    elif cfg is None:
+    if cfg is None:
         kind = kernel_for(m, n, k)
         cfg = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k, wg=kind == "wgmma")
-    y = torch.empty(m, n // 2 if glu else n, dtype=torch.bfloat16, device=x.device)
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, TcConfig):
         tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
@@ -296,7 +285,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
         err = library().w12_gemv(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), int(glu), stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

@@ -2,7 +2,6 @@
 
     torch.ops.w12.gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n)   -> bf16 [M, n]
     torch.ops.w12.gemm_packed(x, packed, n, nnz)                                 -> bf16 [M, n]
-    torch.ops.w12.gemm_packed_glu(x, packed, n, nnz)                             -> bf16 [M, n / 2]
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
 x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls on a Hopper GPU run a CUDA kernel of
@@ -120,31 +119,6 @@ def w12_gemm_packed(x: torch.Tensor, packed: torch.Tensor, n: int, nnz: int) -> 
 @w12_gemm_packed.register_fake
 def _(x, packed, n, nnz):
     return x.new_empty((x.shape[0], n), dtype=torch.bfloat16)
-
-
-def glu(y: torch.Tensor) -> torch.Tensor:
-    """The gated MLP's activation of y = [gate | up] (bf16 [M, n]): silu(gate) · up as eager PyTorch computes
-    it on bf16 tensors (silu rounded to bf16, then the product rounded)."""
-    gate, up = y.chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
-
-
-@torch.library.custom_op("w12::gemm_packed_glu", mutates_args=())
-def w12_gemm_packed_glu(x: torch.Tensor, packed: torch.Tensor, n: int, nnz: int) -> torch.Tensor:
-    """A gated MLP's gate/up projection and activation in one call: `glu(gemm_packed(x, packed, n, nnz))` for
-    the matrix [gate (n/2 rows) | up (n/2 rows)]. On the H200 at M ≤ 16 one CUDA kernel (w12_gemv.cu, GLU):
-    gate and up are the bf16 values the plain kernel writes, silu uses the hardware exp (it may differ from
-    eager CUDA's expf in the last bit of the fp32 silu); everywhere else the composition itself."""
-    nb, kb = tiles(n, x.shape[1])
-    parts = unpack_matrix(packed, nb, kb, nnz)
-    if x.is_cuda and _gc.glu_usable(x, parts[0], parts[1], n):
-        return _gc.launch(x, parts[0], parts[1], n, *parts[2:], glu=True)
-    return glu(_gemm(x, *parts, n))
-
-
-@w12_gemm_packed_glu.register_fake
-def _(x, packed, n, nnz):
-    return x.new_empty((x.shape[0], n // 2), dtype=torch.bfloat16)
 
 
 @torch.library.custom_op("w12::view_gemm", mutates_args=())

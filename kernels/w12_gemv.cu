@@ -223,28 +223,20 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
-// GLU (the gate/up matrix of a gated MLP, rows [gate (N/2) | up (N/2)], N/2 a multiple of 128): CTA c takes
-// gate tile c and up tile c + N/32 (the same 16 channels of each half), warps 0..WARPS/2−1 the gate tile's
-// records and the others the up tile's, each half exactly as the plain kernel with WARPS/2 warps does it
-// (fp32 sum of its warps in order, 2^(E_n − 127), escapes in list order, one rounding to bf16: the values that
-// kernel writes), then y[m, n] = bf16(bf16(silu(gate)) · up), silu(v) = v / (1 + e^(−v)) in fp32 with the
-// hardware exp (ex2.approx, as inductor's kernels; eager CUDA's expf may differ in the last fp32 bit).  No split K.
-template <int NT, bool VIEW, int WARPS, int U, bool GLU>
+template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
-  constexpr int H = GLU ? 2 : 1;      // tiles per CTA
-  constexpr int WT = WARPS / H;       // warps per tile
-  constexpr int STEP = WT * U;
-  __shared__ __align__(16) float red[WARPS][16][MT];  // warp partials; tile h's result lands in red[h·WT]
+  constexpr int STEP = WARPS * U;
+  __shared__ __align__(16) float red[WARPS][16][MT];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
-  __shared__ uint2 s_ent[H][THREADS];         // each tile's first escape entries (row << 24 | column, h)
-  __shared__ __align__(16) uint8_t s_e[16 * H];  // E_n of each tile's 16 channels
+  __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
+  __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -253,24 +245,18 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
   const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
-  const int nbh = GLU ? N / 256 : 0;           // GLU: record rows per half (the up tile is c + 8·nbh)
-  const int hw = GLU ? warp / WT : 0, wt = GLU ? warp % WT : warp;  // this warp's tile and rank in it
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
-  // then (cp.async, no registers held) the tiles' exponents and the first THREADS escape entries of each
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
   pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
-  int e_lo[H], e_hi[H];
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    e_lo[h] = e_hi[h] = 0;
-    if (!VIEW) {
-      e_lo[h] = __ldg(toff + (long)(c + 8 * nbh * h) * KB + a);
-      e_hi[h] = __ldg(toff + (long)(c + 8 * nbh * h) * KB + b);
-    }
+  int e_lo = 0, e_hi = 0;
+  if (!VIEW) {
+    e_lo = __ldg(toff + (long)c * KB + a);
+    e_hi = __ldg(toff + (long)c * KB + b);
   }
-  const uint8_t* base = rec + ((size_t)(nb + nbh * hw) * KB) * REC;
+  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
   const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
   const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
   bool xok[NT];
@@ -284,23 +270,21 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   Group<NT, VIEW, U> ga, gb;
-  ga.load(base, a + wt, b, WT, va0, va1, na0, na1, xr, xok);
-  gb.load(base, a + wt + STEP, b, WT, va0, va1, na0, na1, xr, xok);
-  if (tid < H) cp_async16(s_e + 16 * tid, expo + (nb + nbh * tid) * 128 + r0);
-#pragma unroll
-  for (int h = 0; h < H; ++h)
-    if (!VIEW && e_lo[h] + tid < e_hi[h]) cp_async8(&s_ent[h][tid], tent + 2 * (long)(e_lo[h] + tid));
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-  for (int kb0 = a + wt; kb0 < b; kb0 += 2 * STEP) {
-    ga.compute(acc, kb0, b, WT, nsh, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, WT, va0, va1, na0, na1, xr, xok);
-    gb.compute(acc, kb0 + STEP, b, WT, nsh, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, WT, va0, va1, na0, na1, xr, xok);
+  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
-  // ---- epilogue: fixed-order reduction over each tile's warps, per-channel 2^(E_n − 127), the segment's escapes
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     red[warp][g][8 * j + 2 * t] = acc[j][0];
@@ -311,32 +295,29 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   cp_async_wait_all();
   __syncthreads();
   const int mcount = min(MT, M - m0);
-  for (int idx = tid; idx < H * 16 * mcount; idx += THREADS) {
-    int r = idx & 15, m = (idx >> 4) % mcount, h = GLU ? idx / (16 * mcount) : 0;
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < WT; ++w) sum += red[h * WT + w][r][m];
-    red[h * WT][r][m] = sum * __int_as_float((int)s_e[16 * h + r] << 23);  // 2^(E_n − 127), exact
+    for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    red[0][r][m] = sum * __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
   }
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    if (VIEW || e_hi[h] <= e_lo[h]) continue;
-    float(&out_h)[16][MT] = red[h * WT];
-    for (int c0 = e_lo[h]; c0 < e_hi[h]; c0 += THREADS) {
-      if (c0 != e_lo[h] || h > 0) __syncthreads();  // the previous chunk's (or tile's) readers are done
-      if (c0 != e_lo[h]) {  // more escapes than threads: the next chunk (the first came with the loads)
-        if (c0 + tid < e_hi[h]) s_ent[h][tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
+  if (!VIEW && e_hi > e_lo) {
+    for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
+      if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
+        __syncthreads();   // the previous chunk's readers are done
+        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
         __syncthreads();
       }
       // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
       s_row[tid] = -1;
-      if (c0 + tid < e_hi[h]) {
-        const uint2 en = s_ent[h][tid];
+      if (c0 + tid < e_hi) {
+        const uint2 en = s_ent[tid];
         int rl = (int)(en.x >> 24);
         float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
         s_row[tid] = rl;
         s_col[tid] = (int)(en.x & 0xFFFFFFu);
-        s_d[tid] = w - __int_as_float(((int)s_e[16 * h + rl] - 15) << 23);
+        s_d[tid] = w - __int_as_float(((int)s_e[rl] - 15) << 23);
       }
       __syncthreads();
       // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
@@ -353,30 +334,23 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
       for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
         int r = idx & 15, m = idx >> 4;
         const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
-        float out = out_h[r][m];
+        float out = red[0][r][m];
         for (int cw = 0; cw < WARPS; ++cw) {
           for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
             int jj = 32 * cw + __ffs(bm) - 1;
             out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
           }
         }
-        out_h[r][m] = out;
+        red[0][r][m] = out;
       }
     }
   }
-  if (!GLU && S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last))
+  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last))
     return;
   __syncthreads();
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
-    if (GLU) {  // bf16(bf16(silu(gate)) · up), each operand the bf16 the plain kernel writes
-      float gv = __bfloat162float(__float2bfloat16_rn(red[0][r][m]));
-      float uv = __bfloat162float(__float2bfloat16_rn(red[WT][r][m]));
-      float sv = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(gv, 1.f + __expf(-gv))));
-      y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(sv * uv);
-    } else if (n < N) {
-      y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
-    }
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
   }
 }
 
@@ -726,12 +700,12 @@ struct Args {
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, bool GLU = false>
+template <int NT, bool VIEW, int WARPS, int U>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
-  auto kernel = w12_gemv_kernel<NT, VIEW, WARPS, U, GLU>;
-  if (a.occupancy) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, kernel, WARPS * 32, 0);
+  if (a.occupancy)
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((GLU ? a.NB / 2 : a.NB) * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -739,9 +713,10 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, (const __nv_bfloat16*)a.x, a.M, a.ldx, (const uint8_t*)a.rec,
-                            (const uint8_t*)a.expo, (const int32_t*)a.toff, (const int32_t*)a.tent,
-                            (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws, (int*)a.tickets);
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+                            (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
+                            (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
+                            (int*)a.tickets);
 }
 
 template <int NT, bool VIEW>
@@ -753,17 +728,8 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
   return cudaErrorInvalidValue;
 }
 
-// the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM); glu: the GLU
-// kernel (not the view, one record per warp and stage, no split K; M ≤ 16; warps: 4, 8 or 16, half per tile)
-int dispatch(const Args& a, int view, int nt, int warps, int unroll, int glu, cudaStream_t st) {
-  if (glu) {
-    if (view || unroll != 1 || a.split != 1 || a.NB % 2) return (int)cudaErrorInvalidValue;
-#define W12_GLU(NTV, W) \
-  if (nt == NTV && warps == W) return launch_t<NTV, false, W, 1, true>(a, st);
-    W12_GLU(1, 4) W12_GLU(1, 8) W12_GLU(1, 16) W12_GLU(2, 4) W12_GLU(2, 8) W12_GLU(2, 16)
-#undef W12_GLU
-    return (int)cudaErrorInvalidValue;
-  }
+// the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_t st) {
 #define W12_NT(NTV) \
   if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
@@ -778,15 +744,14 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int glu, cu
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
-// finishes; it reads X only once that kernel is complete).  glu: 1 = y [M, N/2] = bf16(silu(gate)) · up of the
-// matrix's halves (the GLU kernel above: nt 1 or 2, warps 4, 8 or 16, unroll 1, split 1, NB even).
+// finishes; it reads X only once that kernel is complete).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, int glu, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
-  return dispatch(a, view, nt, warps, unroll, glu, (cudaStream_t)stream);
+  return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
 // The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
@@ -794,8 +759,7 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
 extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* blocks) {
   Args a{};
   a.occupancy = blocks;
-  a.split = 1;
-  return dispatch(a, view, nt, warps, unroll, 0, nullptr);
+  return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);

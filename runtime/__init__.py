@@ -12,7 +12,6 @@ _EXPORTS = {
     "W12Linear": "w12_linear", "w12_linear": "w12_linear", "prepare": "w12_linear",
     "set_cpu_decode_cache": "w12_linear", "set_cpu_gemm_op": "w12_linear",
     "fuse_projections": "fused", "unfuse_projections": "fused", "fused_groups": "fused",
-    "glu_mlps": "fused",
     "W12Config": "hf_config",
     "W12HfQuantizer": "hf_quantizer", "patch_transformers": "hf_quantizer", "save_pretrained": "hf_quantizer",
     "fix_saved_headers": "hf_quantizer",

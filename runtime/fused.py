@@ -31,12 +31,6 @@ concatenate along dim 0 (N_PAD = N: no padded rows in between); escape lists are
 (nb, kb) row-major, and member m's records follow member m−1's, so the escape lists concatenate in
 member order. The result is exactly `W12Matrix.from_bf16(torch.cat(member weights))`.
 
-* Gated MLPs (`GLU_MLPS`: forward = down(silu(gate(x)) · up(x))) whose gate/up group is fused also run the
-  activation inside the GEMM: the MLP's class becomes a subclass (`glu_class`) whose forward calls
-  `torch.ops.w12.gemm_packed_glu` (one CUDA kernel at M ≤ 16: no separate SiLU·mul kernel, half the output
-  written) and then down_proj; whenever the fused GEMM cannot run it calls the original forward. On the CPU the
-  op is the eager composition, so the MLP's bits are the unfused model's. Env W12_GLU=0 keeps the plain MLPs.
-
 `w12.runtime.prepare(model)` fuses by default on CUDA (`fuse=False` or env `W12_FUSE=0` keep 7 GEMMs per
 layer); on the CPU only while `set_cpu_gemm_op(True)` routes CPU layers through the GEMM op (tests).
 Moving a fused model (`.to(...)`) copies views apart (memory doubles, results stay exact): call
@@ -53,8 +47,7 @@ from torch import nn
 
 from w12.formats.layout import TN
 
-from . import w12_linear as _wl
-from .w12_linear import _STASH, BUFFER_NAMES, PREPARED_NAMES, W12Linear, _rows, gemm_device, kernel_backend, packed_matrix
+from .w12_linear import _STASH, BUFFER_NAMES, PREPARED_NAMES, W12Linear, gemm_device, kernel_backend, packed_matrix
 
 # sibling names per parent module, in call order (Llama, Mistral, Qwen2/3): first = leader, last clears
 GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -146,9 +139,8 @@ def dissolve(module: W12Linear) -> None:
 
 
 def fuse_projections(model: nn.Module) -> int:
-    """Fuse every sibling set of GROUPS that `fusable` accepts (members must be prepared), and give gated
-    MLPs with a fused gate/up the GLU forward (unless W12_GLU=0). Returns the number of groups made. Needs
-    the GEMM op (w12.kernels); without it nothing is fused."""
+    """Fuse every sibling set of GROUPS that `fusable` accepts (members must be prepared). Returns the
+    number of groups made. Needs the GEMM op (w12.kernels); without it nothing is fused."""
     if kernel_backend() is None:
         return 0
     made = 0
@@ -158,74 +150,13 @@ def fuse_projections(model: nn.Module) -> int:
             if fusable(members):
                 fuse_group(members)
                 made += 1
-        if glu_enabled() and glu_fusable(parent):
-            parent.__class__ = glu_class(type(parent))
     return made
 
 
 def unfuse_projections(model: nn.Module) -> None:
-    plain_mlps(model)
     for m in model.modules():
         if isinstance(m, W12Linear):
             dissolve(m)
-
-
-# ---------------------------------------------------------------------------------------------
-# Gated MLPs: the activation in the gate/up GEMM
-# ---------------------------------------------------------------------------------------------
-GLU_MLPS = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")  # forward: down_proj(act_fn(gate_proj(x)) * up_proj(x))
-SILU = ("SiLU", "SiLUActivation")  # torch.nn.SiLU, transformers.activations.SiLUActivation
-_GLU_CLASSES: dict = {}
-
-
-def glu_enabled() -> bool:
-    value = os.environ.get("W12_GLU", "1")
-    if value not in ("0", "1"):
-        raise ValueError(f"W12_GLU must be 0 or 1, found {value!r}")
-    return value == "1"
-
-
-def glu_fusable(parent: nn.Module) -> bool:
-    """A GLU_MLPS module with a SiLU act_fn whose gate_proj, up_proj are one fused group (no bias)."""
-    gate, up = parent._modules.get("gate_proj"), parent._modules.get("up_proj")
-    group = getattr(gate, "w12_group", None)
-    return (type(parent).__name__ in GLU_MLPS and type(getattr(parent, "act_fn", None)).__name__ in SILU
-            and group is not None and group.members == (gate, up) and gate.bias is None and up.bias is None
-            and isinstance(parent._modules.get("down_proj"), nn.Module))
-
-
-def glu_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """down_proj(silu(gate_proj(x)) · up_proj(x)) with gate, up and the activation in one op."""
-    packed = self.gate_proj._buffers.get("_fused_packed")
-    if (packed is None or _wl._VIEW8_BLOCKS or x.dtype != torch.bfloat16 or packed.device != x.device
-            or not gemm_device(x.device)):
-        return self._w12_plain.forward(self, x)
-    slot = self.gate_proj.w12_slot  # (group, index, lo, hi, last, fused N, fused nnz)
-    h = torch.ops.w12.gemm_packed_glu(_rows(x), packed, slot[5], slot[6])
-    return self.down_proj(h.reshape(*x.shape[:-1], slot[5] // 2))
-
-
-def glu_class(plain: type) -> type:
-    """The subclass of a GLU_MLPS class whose forward is glu_forward (one per class)."""
-    cls = _GLU_CLASSES.get(plain)
-    if cls is None:
-        cls = type(f"W12Glu{plain.__name__}", (plain,), {"forward": glu_forward, "_w12_plain": plain,
-                                                         "__module__": __name__})
-        _GLU_CLASSES[plain] = cls
-    return cls
-
-
-def plain_mlps(model: nn.Module) -> None:
-    """Give every GLU MLP of `model` back its own class."""
-    for m in model.modules():
-        plain = type(m).__dict__.get("_w12_plain")
-        if plain is not None:
-            m.__class__ = plain
-
-
-def glu_mlps(model: nn.Module) -> int:
-    """Number of MLPs of `model` on the GLU forward."""
-    return sum(1 for m in model.modules() if "_w12_plain" in type(m).__dict__)
 
 
 def fused_groups(model: nn.Module) -> int:

@@ -518,10 +518,9 @@ def prepare(model: nn.Module, fuse: bool | None = None) -> nn.Module:
     """Prepare every W12Linear of `model` for its current device (call after moving a model to CUDA), then
     fuse sibling projections (q/k/v, gate/up: one GEMM each, fused.py) where the GEMM op runs.
     `fuse`: None = env W12_FUSE ("0" off, else on), False = leave every layer on its own GEMM."""
-    from .fused import fuse_enabled, fuse_projections, plain_mlps
+    from .fused import fuse_enabled, fuse_projections
 
     on = fuse_enabled(fuse)
-    plain_mlps(model)
     for m in model.modules():
         if isinstance(m, W12Linear):
             m.prepare()  # also dissolves earlier groups

@@ -18,7 +18,7 @@ import w12
 from w12.convert.checkpoint import verify
 from w12.convert.convert import convert
 from w12.formats.matrix import W12Matrix
-from w12.runtime.fused import FUSED_NAMES, fused_groups, glu_mlps
+from w12.runtime.fused import FUSED_NAMES, fused_groups
 from w12.runtime.w12_linear import _STASH, BUFFER_NAMES, W12Linear, prepare, set_cpu_gemm_op
 from checkpoints import read_tensors  # tests/checkpoints.py
 
@@ -302,18 +302,10 @@ def test_load_matrix_and_state_dict_keep_working(gemm_op):
 # ---------------------------------------------------------------------------------------------
 # torch.compile
 # ---------------------------------------------------------------------------------------------
-GEMM_OPS = ("gemm_packed", "gemm_packed_glu")
-
-
-def counting_backend(counts, ops=GEMM_OPS):
-    """A torch.compile backend that records how many W12 GEMM calls (ops of torch.ops.w12 named in `ops`)
-    each graph makes."""
-    import w12.kernels.ops  # noqa: F401  (registers torch.ops.w12.*)
-
-    targets = {t for name in ops for op in [getattr(torch.ops.w12, name)] for t in (op, op.default)}
-
+def counting_backend(counts):
     def backend(gm, example_inputs):
-        counts.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target in targets))
+        counts.append(sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                          and n.target in (torch.ops.w12.gemm_packed, torch.ops.w12.gemm_packed.default)))
         return gm
     return backend
 
@@ -425,12 +417,10 @@ def greedy(model, ids, n, **kw):
                           do_sample=False, pad_token_id=0, **kw)
 
 
-def _load(path, fuse, monkeypatch, glu=True):
+def _load(path, fuse, monkeypatch):
     monkeypatch.setenv("W12_FUSE", "1" if fuse else "0")
-    monkeypatch.setenv("W12_GLU", "1" if glu else "0")
     model = AutoModelForCausalLM.from_pretrained(path)
     assert fused_groups(model) == (4 if fuse else 0)
-    assert glu_mlps(model) == (2 if fuse and glu else 0)
     return model
 
 
@@ -450,13 +440,10 @@ def test_llama_from_pretrained_fuses_and_generates_the_same_tokens(llama, gemm_o
                        greedy(fused, ids, 8, cache_implementation="static", compile_config=cc))
     for model, want in ((fused, 2 * 4), (plain, 2 * 7)):
         torch._dynamo.reset()
-        counts, glus = [], []
+        counts = []
         with torch.no_grad():
             out = torch.compile(model, backend=counting_backend(counts), fullgraph=True)(ids).logits
-            torch._dynamo.reset()
-            torch.compile(model, backend=counting_backend(glus, ("gemm_packed_glu",)), fullgraph=True)(ids)
         assert counts == [want]
-        assert glus == [2 if model is fused else 0]  # gate|up and SiLU·mul: one op per MLP
     with torch.no_grad():
         assert_same(out, fused(ids).logits)
     torch._dynamo.reset()
@@ -467,54 +454,6 @@ def test_llama_from_pretrained_fuses_and_generates_the_same_tokens(llama, gemm_o
     assert fused_groups(default) == 0
     with torch.no_grad():
         assert_same(default(ids).logits, AutoModelForCausalLM.from_pretrained(src)(ids).logits)
-
-
-def test_glu_mlps_equal_the_plain_mlps_and_switch_off(llama, gemm_op, monkeypatch):
-    """The GLU forward (gate/up GEMM and SiLU·mul in one op) gives the plain fused model's bits; W12_GLU=0 and
-    prepare(fuse=False) give the MLPs their own class back; a dissolved group falls back to the plain forward."""
-    from w12.runtime.fused import dissolve
-
-    _, dst = llama
-    glu, plain = _load(dst, True, monkeypatch), _load(dst, True, monkeypatch, glu=False)
-    mlp = glu.model.layers[0].mlp
-    assert type(mlp).__name__ == "W12GluLlamaMLP" and isinstance(mlp, type(plain.model.layers[0].mlp))
-    ids = torch.randint(0, 320, (1, 9), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        want = plain(ids).logits
-        assert_same(glu(ids).logits, want)
-        x = torch.randn(2, 5, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-        y = mlp(x)
-        dissolve(mlp.gate_proj)  # no fused tensor: the plain forward, same bits
-        assert_same(mlp(x), y)
-    prepare(glu, fuse=False)
-    assert glu_mlps(glu) == 0 and type(glu.model.layers[0].mlp).__name__ == "LlamaMLP"
-    monkeypatch.setenv("W12_GLU", "1")  # the second _load left 0
-    prepare(glu)
-    assert glu_mlps(glu) == 2
-    with torch.no_grad():
-        assert_same(glu(ids).logits, want)
-    monkeypatch.setenv("W12_GLU", "2")
-    with pytest.raises(ValueError, match="W12_GLU"):
-        prepare(glu)
-
-
-def test_glu_op_is_the_eager_composition():
-    """torch.ops.w12.gemm_packed_glu = silu(gate) · up of gemm_packed's output, bit for bit (CPU reference)."""
-    import torch.nn.functional as F
-
-    from w12.kernels.gemm import prepare_escapes
-    from w12.kernels.ops import pack_matrix
-
-    w = (torch.randn(512, K, generator=torch.Generator().manual_seed(6)) * 0.02).to(torch.bfloat16)
-    w[3, 7], w[300, 9] = 300.0, 0.0  # escapes in both halves
-    m = W12Matrix.from_bf16(w)
-    assert m.escapes.shape[0] >= 2
-    packed = pack_matrix(m.records, m.exponents, m.escapes, *prepare_escapes(m.esc_counts, m.escapes))
-    x = torch.randn(3, K, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-    y = torch.ops.w12.gemm_packed(x, packed, 512, m.escapes.shape[0])
-    got = torch.ops.w12.gemm_packed_glu(x, packed, 512, m.escapes.shape[0])
-    assert_same(got, F.silu(y[:, :256]) * y[:, 256:])
-    assert_same(y, (x.float() @ w.float().t()).to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("shard", [None, "300KB"])
