@@ -319,10 +319,12 @@ def compile_config(backend: str):
     return cc
 
 
-def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
+def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse, cores=None):
     """One model in its own process (its own torch.compile caches: two models compiled in one process
     slowed both by ~20 %, measured), driven over a pipe: ("round", n) | ("profile", None) | ("finish", None).
-    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True)."""
+    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True). cores: after the
+    warm-up, the thread that drives generate stays on these CPU cores (host jitter, which every decode step
+    waits on, hits both models less)."""
     import traceback
 
     try:
@@ -332,6 +334,8 @@ def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
         e = Entry(path, device, prompt, new_tokens, compile_config(backend), fuse)
         if skip_guards:  # warmed up: the decode graph is the only compiled artifact, nothing to tell apart
             torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        if cores and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cores)
         conn.send(("ok", None))
         while True:
             cmd, arg = conn.recv()
@@ -431,7 +435,10 @@ def main(argv=None) -> dict:
         groups = [[n] for n in specs] if args.sequential else [list(specs)]
         done = {}
         for group in groups:  # all models at once (rounds alternate), or one after the other
-            entries = {n: Remote(n, specs[n][0], *common, specs[n][1]) for n in group}
+            ncpu = os.cpu_count() or 1
+            entries = {n: Remote(n, specs[n][0], *common, specs[n][1],
+                                 {2 + 2 * i, 3 + 2 * i} if ncpu >= 4 + 2 * len(group) else None)
+                       for i, n in enumerate(group)}
             for e in entries.values():  # the models load and compile side by side (own processes), then rounds
                 e.ready()
             for r in range(args.repeats):
