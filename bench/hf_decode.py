@@ -29,7 +29,8 @@ the steady per-token rate. Each round times two harnesses: generate(max_new_toke
 step) and plain generate(max_new_tokens=n) as users call it (`decode_tok_s_plain`,
 `speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN). On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
-batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps).
+batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps);
+`round_gpu`: the SM clock and power nvidia-smi saw during each round (a diagnostic of round-to-round spread).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -348,6 +350,44 @@ def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse, 
         conn.send(("error", traceback.format_exc()))
 
 
+class GpuSampler:
+    """While active, `nvidia-smi` (its own process, so the timed workers' host loops are not disturbed) samples
+    the GPU's SM clock and power every 50 ms: a diagnostic of what moves a round's rate besides the host.
+    `summary()` is None where nvidia-smi is missing or printed nothing."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.proc, self.out = enabled, None, ""
+
+    def __enter__(self):
+        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+        if self.enabled:
+            try:
+                self.proc = subprocess.Popen(
+                    ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50",
+                     "-i", gpu if gpu.isdigit() else "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            self.out = self.proc.communicate(timeout=10)[0]
+
+    def summary(self) -> dict | None:
+        rows = []
+        for line in self.out.splitlines():
+            try:
+                rows.append([float(v) for v in line.split(",")])
+            except ValueError:
+                continue
+        if not rows:
+            return None
+        sm, watts = [r[0] for r in rows], [r[1] for r in rows]
+        return {"samples": len(rows), "sm_mhz_min": min(sm), "sm_mhz_median": statistics.median(sm),
+                "power_w_median": statistics.median(watts)}
+
+
 class Remote:
     """An Entry living in a worker process (spawned; it loads and compiles at once, `ready()` waits for that)."""
 
@@ -442,7 +482,7 @@ def main(argv=None) -> dict:
         if args.fuse == "both":
             specs["w12_unfused"] = (w12_dir, False)
         groups = [[n] for n in specs] if args.sequential else [list(specs)]
-        done = {}
+        done, gpu_rounds = {}, {}
         for group in groups:  # all models at once (rounds alternate), or one after the other
             ncpu = os.cpu_count() or 1
             entries = {n: Remote(n, specs[n][0], *common, specs[n][1],
@@ -451,14 +491,21 @@ def main(argv=None) -> dict:
             for e in entries.values():  # the models load and compile side by side (own processes), then rounds
                 e.ready()
             for r in range(args.repeats):
-                line = {name: e.call("round", args.new_tokens) for name, e in entries.items()}
-                print(f"round {r}: " + ", ".join(f"{k} {v[0]:.1f} tok/s (plain generate {v[1]:.1f})"
-                                                   for k, v in line.items()), file=sys.stderr)
+                line = {}
+                for name, e in entries.items():
+                    with GpuSampler(device.startswith("cuda")) as gpu:
+                        line[name] = e.call("round", args.new_tokens)
+                    gpu_rounds.setdefault(name, []).append(gpu.summary())
+                print(f"round {r}: " + ", ".join(
+                    f"{k} {v[0]:.1f} tok/s (plain generate {v[1]:.1f})"
+                    + (f" SM {g['sm_mhz_min']:.0f}–{g['sm_mhz_median']:.0f} MHz {g['power_w_median']:.0f} W"
+                       if (g := gpu_rounds[k][-1]) else "") for k, v in line.items()), file=sys.stderr)
             profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
             for name, prof in profiles.items():
                 print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
             for name, e in entries.items():
                 done[name] = e.finish()
+                done[name]["round_gpu"] = gpu_rounds.get(name)  # SM clock (min, median) and power per round
                 if name in profiles:
                     done[name]["profile"] = profiles[name]
         bf16, w12r, unfused = done["bf16"], done["w12"], done.get("w12_unfused")
