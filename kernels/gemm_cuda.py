@@ -10,6 +10,7 @@ CUDA kernels cover Hopper, the shapes `kernel_for` names (M ≤ 128), K a multip
 X rows; everything else runs the Triton kernel.  Deterministic: warp partials (and split-K CTA partials) are added in a fixed order.
 """
 
+import ctypes
 import os
 from dataclasses import dataclass
 
@@ -291,11 +292,22 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     return y
 
 
+def l2_prefetch(t: torch.Tensor, nbytes: int | None = None) -> None:
+    """Queue an L2 prefetch of the first `nbytes` (default: all) of `t`'s bytes on the current stream (w12_gemv.cu
+    l2_prefetch_kernel; an experiment of bench/decode_step.py, not used by the runtime)."""
+    size = t.numel() * t.element_size()
+    nbytes = size if nbytes is None else min(nbytes, size)
+    if t.data_ptr() % 16:
+        raise ValueError("l2_prefetch: the tensor's data must be 16-byte aligned")
+    stream = _vp(torch.cuda.current_stream(t.device).cuda_stream)
+    err = library().w12_l2_prefetch(_p(t), ctypes.c_longlong(nbytes), stream)
+    if err != 0:
+        raise RuntimeError(f"W12 L2 prefetch launch failed: cudaError {err}")
+
+
 def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
     memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
-    import ctypes
-
     blocks = ctypes.c_int(0)
     err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, ctypes.byref(blocks))
     if err != 0:
@@ -328,6 +340,4 @@ def _p(t: torch.Tensor):
 
 
 def _vp(v: int):
-    import ctypes
-
     return ctypes.c_void_p(v)

@@ -762,6 +762,30 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
   return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
+// L2 prefetch of a byte range (an experiment, bench/decode_step.py --prefetch): each thread issues
+// cp.async.bulk.prefetch.L2 for PF_CHUNK-byte pieces and exits; the L2 fills from HBM while the kernels after it run
+// (in a decode step: attention, norms), so the next W12 GEMM finds its first records in L2.  A hint: nothing is
+// written, nothing waits for it.  p 16-byte aligned.
+namespace {
+constexpr int PF_CHUNK = 16384;
+__global__ void l2_prefetch_kernel(const uint8_t* __restrict__ p, long long bytes) {
+  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
+    long long off = i * PF_CHUNK;
+    unsigned len = (unsigned)min((long long)PF_CHUNK, bytes - off) & ~15u;
+    if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
+  }
+}
+}  // namespace
+
+extern "C" int w12_l2_prefetch(const void* p, long long bytes, void* stream) {
+  if (bytes <= 0) return 0;
+  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
+  int blocks = (int)min(132LL, (chunks + 127) / 128);
+  l2_prefetch_kernel<<<blocks, 128, 0, (cudaStream_t)stream>>>((const uint8_t*)p, bytes);
+  return (int)cudaGetLastError();
+}
+
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
 // wg: 1 = wgmma (one per k-step and warpgroup, X read by the tensor cores from shared memory), 0 = mma.sync;
 // split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
