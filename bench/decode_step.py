@@ -200,7 +200,6 @@ def main():
     if args.sweep:
         return sweep(st, args)
     L = args.layers
-    # (name, projections, PDL)
     # (name, projections, PDL, L2 prefetch MB of the next matrix)
     variants = [("cuBLAS BF16", "bf16", None, 0), ("W12, no PDL", "w12", False, 0), ("W12, PDL", "w12", True, 0)]
     variants += [(f"W12, prefetch next {mb} MB", "w12", False, mb) for mb in args.prefetch_mb]
