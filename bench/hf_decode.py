@@ -19,15 +19,16 @@ each W12 run's `fuse` switch and `fused_groups` (0 on the CPU, where nothing is 
 The LM head is converted too (`--lm-head w12`, the default: the untied head is an ordinary lossless W12
 matrix; `--lm-head bf16` keeps the converter's default exclude).
 
-Each model is loaded and compiled in its own process (one torch.compile cache each), then the processes are
-timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds, default 5), so whatever the machine
-does meanwhile hits both sides alike (the processes load and compile side by side, before the first round) (`--sequential`: one model after the other, each alone); each model's
-figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
+Each model is loaded and compiled in its own process (one torch.compile cache each; the processes do that side
+by side), then the processes are timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds,
+default 5), so whatever the machine does meanwhile hits both sides alike (`--sequential`: one model after the
+other, each alone); each model's figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
 the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
 (`decode_tok_s`, `speedup_w12_over_bf16`: the exact length guaranteed by a logits processor that runs every
 step) and plain generate(max_new_tokens=n) as users call it (`decode_tok_s_plain`,
-`speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN). On CUDA each run also reports `gemm_us_per_token`:
+`speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN).
+On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
 batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps);
 `round_gpu`: the SM clock and power nvidia-smi saw during each round (a diagnostic of round-to-round spread).
@@ -297,8 +298,8 @@ class Entry:
 
     def finish(self) -> dict:
         """The entry's result (median rate over its rounds, the projections' breakdown); frees the model."""
-        res = dict(self.res, decode_tok_s=sorted(self.rates)[len(self.rates) // 2], round_tok_s=self.rates,
-                   decode_tok_s_plain=sorted(self.rates_plain)[len(self.rates_plain) // 2],
+        res = dict(self.res, decode_tok_s=_median(self.rates), round_tok_s=self.rates,
+                   decode_tok_s_plain=_median(self.rates_plain),
                    round_tok_s_plain=self.rates_plain, plain_generate_same_tokens=self.plain_same)
         if self.device.startswith("cuda"):  # where a token's time goes: projections vs everything else
             try:
@@ -322,12 +323,10 @@ def compile_config(backend: str):
     return cc
 
 
-def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse, cores=None):
+def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
     """One model in its own process (its own torch.compile caches: two models compiled in one process
     slowed both by ~20 %, measured), driven over a pipe: ("round", n) | ("profile", None) | ("finish", None).
-    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True). cores: after the
-    warm-up, the thread that drives generate stays on these CPU cores (host jitter, which every decode step
-    waits on, hits both models less)."""
+    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True)."""
     import traceback
 
     try:
@@ -337,8 +336,6 @@ def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse, 
         e = Entry(path, device, prompt, new_tokens, compile_config(backend), fuse)
         if skip_guards:  # warmed up: the decode graph is the only compiled artifact, nothing to tell apart
             torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
-        if cores and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cores)
         conn.send(("ok", None))
         while True:
             cmd, arg = conn.recv()
@@ -484,10 +481,7 @@ def main(argv=None) -> dict:
         groups = [[n] for n in specs] if args.sequential else [list(specs)]
         done, gpu_rounds = {}, {}
         for group in groups:  # all models at once (rounds alternate), or one after the other
-            ncpu = os.cpu_count() or 1
-            entries = {n: Remote(n, specs[n][0], *common, specs[n][1],
-                                 {2 + 2 * i, 3 + 2 * i} if ncpu >= 4 + 2 * len(group) else None)
-                       for i, n in enumerate(group)}
+            entries = {n: Remote(n, specs[n][0], *common, specs[n][1]) for n in group}
             for e in entries.values():  # the models load and compile side by side (own processes), then rounds
                 e.ready()
             for r in range(args.repeats):
