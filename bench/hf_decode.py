@@ -248,21 +248,22 @@ class Entry:
         sync(self.device)
         return out[0, self.ids.shape[1]:].tolist(), time.perf_counter() - t0
 
+    def _rate(self, new_tokens: int, force: bool) -> tuple:
+        """(tokens, (new_tokens − 1) / (t(new_tokens) − t(1))); NaN when it stopped before new_tokens."""
+        toks, full = self.gen(new_tokens, force)
+        _, first = self.gen(1, force)
+        ok = len(toks) == new_tokens and full > first
+        return toks, (new_tokens - 1) / (full - first) if ok else float("nan")
+
     def timed_round(self, new_tokens: int) -> tuple:
-        """One decode-rate sample of each harness, (new_tokens − 1) / (t(new_tokens) − t(1)): with min_new_tokens
-        (the rounds' `round_tok_s`) and plain generate(max_new_tokens) (`round_tok_s_plain`; NaN if it stopped
-        early)."""
-        toks, full = self.gen(new_tokens)
-        _, first = self.gen(1)
-        self.tokens = toks
-        rate = (new_tokens - 1) / (full - first) if full > first else float("nan")
+        """One decode-rate sample of each harness: with min_new_tokens (the rounds' `round_tok_s`) and plain
+        generate(max_new_tokens) (`round_tok_s_plain`)."""
+        self.tokens, rate = self._rate(new_tokens, True)
+        plain, rate_plain = self._rate(new_tokens, False)
+        self.plain_same &= plain == self.tokens
         self.rates.append(rate)
-        plain, full = self.gen(new_tokens, force=False)
-        _, first = self.gen(1, force=False)
-        self.plain_same &= plain == toks
-        ok = len(plain) == new_tokens and full > first
-        self.rates_plain.append((new_tokens - 1) / (full - first) if ok else float("nan"))
-        return rate, self.rates_plain[-1]
+        self.rates_plain.append(rate_plain)
+        return rate, rate_plain
 
     def profile(self, new_tokens: int = 33) -> dict:
         """torch.profiler over generate(new_tokens) and generate(1): per decode step, the wall time, the time

@@ -762,7 +762,7 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
   return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
-// L2 prefetch of a byte range (an experiment, bench/decode_step.py --prefetch): each thread issues
+// L2 prefetch of a byte range (an experiment, bench/decode_step.py --prefetch-mb): each thread issues
 // cp.async.bulk.prefetch.L2 for PF_CHUNK-byte pieces and exits; the L2 fills from HBM while the kernels after it run
 // (in a decode step: attention, norms), so the next W12 GEMM finds its first records in L2.  A hint: nothing is
 // written, nothing waits for it.  p 16-byte aligned.
@@ -781,7 +781,7 @@ __global__ void l2_prefetch_kernel(const uint8_t* __restrict__ p, long long byte
 extern "C" int w12_l2_prefetch(const void* p, long long bytes, void* stream) {
   if (bytes <= 0) return 0;
   long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
-  int blocks = (int)min(132LL, (chunks + 127) / 128);
+  int blocks = (int)min(132LL, (chunks + 127) / 128);  // at most one CTA per H200 SM
   l2_prefetch_kernel<<<blocks, 128, 0, (cudaStream_t)stream>>>((const uint8_t*)p, bytes);
   return (int)cudaGetLastError();
 }
