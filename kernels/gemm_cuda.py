@@ -259,8 +259,10 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | None = None):
-    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n]."""
+           config: CudaConfig | TcConfig | None = None, prefetch: tuple[torch.Tensor, int] | None = None):
+    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
+    prefetch = (next_records, lead_bytes): the skinny kernel also queues an L2 prefetch of the first lead_bytes of
+    each record row of the NEXT GEMM's records (w12_gemv.cu PrefetchNext; an experiment of bench/decode_step.py)."""
     m, k = x.shape
     nb, kb = records.shape[:2]
     assert records.dtype == torch.uint8 and records.shape[2] == 12288 and kb * 64 == k, "records vs K"
@@ -284,9 +286,15 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
+        pf, pf_rows, pf_stride, pf_lead = _vp(None), 0, 0, 0
+        if prefetch is not None:
+            nxt, lead = prefetch
+            pf, pf_rows, pf_stride = _p(nxt), nxt.shape[0], nxt.shape[1] * nxt.shape[2]
+            pf_lead = min(lead, pf_stride) & ~15
         err = library().w12_gemv(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), pf, pf_rows, pf_stride,
+            pf_lead, stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

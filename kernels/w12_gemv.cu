@@ -220,6 +220,29 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
+// L2 prefetch of the NEXT projection's leading records (an experiment, bench/decode_step.py --prefetch-lead-kb):
+// the first `lead` bytes of each of its `rows` record rows (`stride` bytes apart), i.e. the records every CTA of
+// that GEMM reads first.  Each CTA, once its own records are loaded, queues cp.async.bulk.prefetch.L2 for its
+// share of the PF_PIECE-byte pieces (lanes of warp 0, CTAs interleaved), so that HBM fills L2 during the
+// GEMM's tail and the attention / norm / SiLU kernels after it.  A hint: nothing waits for it, nothing changes.
+struct PrefetchNext {
+  const uint8_t* p;  // nullptr: none
+  int rows, stride, lead;
+};
+constexpr int PF_PIECE = 16384;
+__device__ __forceinline__ void prefetch_next_share(const PrefetchNext& pf, int lane) {
+  const int per_row = (pf.lead + PF_PIECE - 1) / PF_PIECE, pieces = pf.rows * per_row;
+  const int ctas = gridDim.x * gridDim.y * gridDim.z;
+  const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  for (int i = cta * 32 + lane; i < pieces; i += ctas * 32) {
+    const int row = i / per_row, off = (i % per_row) * PF_PIECE;
+    const unsigned len = (unsigned)min(PF_PIECE, pf.lead - off) & ~15u;
+    if (len)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.p + (size_t)row * pf.stride + off), "r"(len)
+                   : "memory");
+  }
+}
+
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
@@ -227,7 +250,8 @@ template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
+    PrefetchNext pf) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -283,6 +307,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
+
+  if (pf.p && warp == 0) prefetch_next_share(pf, lane);
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
@@ -698,6 +724,7 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
+  PrefetchNext pf;
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
@@ -716,7 +743,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets);
+                            (int*)a.tickets, a.pf);
 }
 
 template <int NT, bool VIEW>
@@ -744,13 +771,16 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
-// finishes; it reads X only once that kernel is complete).
+// finishes; it reads X only once that kernel is complete).  pf (nullptr: none): queue an L2 prefetch of the first
+// pf_lead bytes of each of pf_rows rows pf_stride bytes apart (the next GEMM's leading records, PrefetchNext).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, const void* pf, int pf_rows,
+                        int pf_stride, int pf_lead, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl,
+         PrefetchNext{(const uint8_t*)pf, pf_rows, pf_stride, pf_lead}};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
