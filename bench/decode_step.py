@@ -17,12 +17,6 @@ W12_PDL, for the next command of the same GPU call).
 
 times every M = 1 config of the skinny kernel for each projection INSIDE the step (the kernel table was tuned on
 isolated calls) and writes OUT/cuda_table_decode.py, a table override for W12_CUDA_TABLE (bench/hf_decode.py).
-
-`--prefetch-mb 16,32` adds W12 variants (no PDL) that queue an L2 prefetch of the first 16 / 32 MB of the NEXT
-projection's records right after each W12 GEMM (gemm_cuda.l2_prefetch), so HBM, idle during the attention /
-norm / SiLU kernels in between, fills L2 for it; their final hidden state must equal plain W12's by bits.
-`--prefetch-lead-kb 96,192` adds variants (without and with PDL) whose GEMMs queue that prefetch themselves (no
-extra launch), of the first 96 / 192 KB of EACH record row of the next matrix: the records its CTAs read first.
 """
 
 import argparse
@@ -88,36 +82,21 @@ class Step:
         self.attention = torch.compile(attention, dynamic=False, fullgraph=True)
         self.silu_mul = torch.compile(silu_mul, dynamic=False, fullgraph=True)
 
-    prefetch_bytes = 0  # > 0: after each W12 GEMM, an L2 prefetch of this many leading bytes of the next matrix
-
     @staticmethod
     def proj(mt, x, kind):
         return mt.op(x) if kind == "w12" else torch.matmul(x, mt.w.t())
 
-    lead_bytes = 0  # > 0: each W12 GEMM itself prefetches this many leading bytes of every record row of the next
-
-    def proj_then_prefetch(self, mt, x, kind, nxt):
-        if kind == "w12" and self.lead_bytes and nxt is not None:
-            return gc.launch(x, mt.records, mt.exps, mt.n, mt.escapes, mt.offs, mt.cols,
-                             prefetch=(nxt.records, self.lead_bytes))
-        y = self.proj(mt, x, kind)
-        if kind == "w12" and self.prefetch_bytes and nxt is not None:
-            gc.l2_prefetch(nxt.records, self.prefetch_bytes)
-        return y
-
     def run(self, kind, glue=True):
         h, r = self.h0, torch.zeros_like(self.h0)
-        order = [m[k] for m in self.mats for k in ("qkv", "o", "gu", "dn")] + [None]  # call order, for the prefetch
         for i, m in enumerate(self.mats):
-            nxt = order[4 * i + 1:4 * i + 5]
             h, a = self.norm_add(h, r, self.nw) if glue else (h, h)
-            qkv = self.proj_then_prefetch(m["qkv"], a, kind, nxt[0])
+            qkv = self.proj(m["qkv"], a, kind)
             att = self.attention(qkv, self.kc[i], self.vc[i], self.pos, self.cos, self.sin) if glue else qkv[:, :H]
-            o = self.proj_then_prefetch(m["o"], att, kind, nxt[1])
+            o = self.proj(m["o"], att, kind)
             h, a = self.norm_add(h, o, self.nw) if glue else (h, o)
-            gu = self.proj_then_prefetch(m["gu"], a, kind, nxt[2])
+            gu = self.proj(m["gu"], a, kind)
             mlp = self.silu_mul(gu) if glue else gu[:, :FF]
-            r = self.proj_then_prefetch(m["dn"], mlp, kind, nxt[3])
+            r = self.proj(m["dn"], mlp, kind)
         return h + r
 
 
@@ -198,11 +177,6 @@ def main():
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sweep", action="store_true", help="time the M = 1 kernel configs inside the step instead")
-    ap.add_argument("--prefetch-mb", type=lambda v: [int(w) for w in v.split(",") if w], default=[],
-                    help="also time W12 with an L2 prefetch of the next matrix's first MB after each GEMM (e.g. 16,32)")
-    ap.add_argument("--prefetch-lead-kb", type=lambda v: [int(w) for w in v.split(",") if w], default=[],
-                    help="also time W12 whose GEMMs prefetch the first KB of each record row of the next matrix "
-                         "into L2 themselves (e.g. 96,192)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -210,17 +184,13 @@ def main():
     if args.sweep:
         return sweep(st, args)
     L = args.layers
-    # (name, projections, PDL, L2 prefetch of the next matrix: MB of its start by a kernel / KB of each row by the GEMM)
-    variants = [("cuBLAS BF16", "bf16", None, 0, 0), ("W12, no PDL", "w12", False, 0, 0), ("W12, PDL", "w12", True, 0, 0)]
-    variants += [(f"W12, prefetch next {mb} MB", "w12", False, mb, 0) for mb in args.prefetch_mb]
-    variants += [(f"W12, GEMM prefetches next {kb} KB/row", "w12", False, 0, kb) for kb in args.prefetch_lead_kb]
-    variants += [(f"W12, PDL, GEMM prefetches {kb} KB/row", "w12", True, 0, kb) for kb in args.prefetch_lead_kb]
+    # (name, projections, PDL)
+    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True)]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
-        for name, kind, pdl, mb, kb in variants:
+        for name, kind, pdl in variants:
             if pdl is not None:
                 gc.PDL = pdl
-            st.prefetch_bytes, st.lead_bytes = mb << 20, kb << 10
             reset_cache(st)
             t_all, out = graph_us(lambda: st.run(kind), L)
             t_proj, _ = graph_us(lambda: st.run(kind, glue=False), L)
@@ -228,7 +198,7 @@ def main():
             times[name][0].append(t_all)
             times[name][1].append(t_proj)
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
-    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl, _, _ in variants]
+    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl in variants]
     w12 = [r for r in rows if r[3] is not None]
     ref = outs[w12[0][0]]
     same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)

@@ -259,10 +259,8 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | None = None, prefetch: tuple[torch.Tensor, int] | None = None):
-    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
-    prefetch = (next_records, lead_bytes): the skinny kernel also queues an L2 prefetch of the first lead_bytes of
-    each record row of the NEXT GEMM's records (w12_gemv.cu PrefetchNext; an experiment of bench/decode_step.py)."""
+           config: CudaConfig | TcConfig | None = None):
+    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n]."""
     m, k = x.shape
     nb, kb = records.shape[:2]
     assert records.dtype == torch.uint8 and records.shape[2] == 12288 and kb * 64 == k, "records vs K"
@@ -286,31 +284,12 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
-        pf, pf_rows, pf_stride, pf_lead = _vp(None), 0, 0, 0
-        if prefetch is not None:
-            nxt, lead = prefetch
-            pf, pf_rows, pf_stride = _p(nxt), nxt.shape[0], nxt.shape[1] * nxt.shape[2]
-            pf_lead = min(lead, pf_stride) & ~15
         err = library().w12_gemv(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), pf, pf_rows, pf_stride,
-            pf_lead, stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y
-
-
-def l2_prefetch(t: torch.Tensor, nbytes: int | None = None) -> None:
-    """Queue an L2 prefetch of the first `nbytes` (default: all) of `t`'s bytes on the current stream (w12_gemv.cu
-    l2_prefetch_kernel; an experiment of bench/decode_step.py, not used by the runtime)."""
-    size = t.numel() * t.element_size()
-    nbytes = size if nbytes is None else min(nbytes, size)
-    if t.data_ptr() % 16:
-        raise ValueError("l2_prefetch: the tensor's data must be 16-byte aligned")
-    stream = _vp(torch.cuda.current_stream(t.device).cuda_stream)
-    err = library().w12_l2_prefetch(_p(t), ctypes.c_longlong(nbytes), stream)
-    if err != 0:
-        raise RuntimeError(f"W12 L2 prefetch launch failed: cudaError {err}")
 
 
 def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:

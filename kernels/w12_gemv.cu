@@ -14,7 +14,7 @@
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
 //   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
-//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).
+//           stream finishes; its first records load then, X only after griddepcontrol.wait (pdl_wait).
 //
 // One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
 // order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
@@ -60,7 +60,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
-// start while the one before it in the stream is finishing; it reads and writes nothing before pdl_wait.
+// start while the one before it in the stream is finishing; before pdl_wait it reads only what no kernel writes
+// (the records and their tables, fixed at load time: the first records' loads overlap the previous kernel) and
+// writes nothing.
 // pdl_launch_dependents lets the next kernel, if it was launched with PDL, start early in turn.  (An L2
 // prefetch of the first records before the wait was measured slower: 2026-12-01-pdl-h200-s7.md.)
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -147,6 +149,37 @@ struct Group {
     load_x16(a, b, xr, ok, kb);
   }
 
+  // the records' bytes (constant: may be read before pdl_wait)
+  __device__ __forceinline__ void load_w(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
+                                         int n1) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * warps;
+      if (kb < KB) {
+        const uint8_t* r = base + (size_t)kb * REC;
+        va[u] = ld_stream(r + v0);
+        vb[u] = ld_stream(r + v1);
+        if (!VIEW) {
+          na[u] = ld_stream(r + n0);
+          nb[u] = ld_stream(r + n1);
+        }
+      }
+    }
+  }
+
+  // the matching X words (written by the previous kernel: only after pdl_wait)
+  __device__ __forceinline__ void load_xs(int kb0, int KB, int warps, const __nv_bfloat16* const (&xr)[NT],
+                                          const bool (&xok)[NT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * warps;
+      if (XPF && kb < KB) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
+      }
+    }
+  }
+
   __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
                                        int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
@@ -220,29 +253,6 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
-// L2 prefetch of the NEXT projection's leading records (an experiment, bench/decode_step.py --prefetch-lead-kb):
-// the first `lead` bytes of each of its `rows` record rows (`stride` bytes apart), i.e. the records every CTA of
-// that GEMM reads first.  Each CTA, once its own records are loaded, queues cp.async.bulk.prefetch.L2 for its
-// share of the PF_PIECE-byte pieces (lanes of warp 0, CTAs interleaved), so that HBM fills L2 during the
-// GEMM's tail and the attention / norm / SiLU kernels after it.  A hint: nothing waits for it, nothing changes.
-struct PrefetchNext {
-  const uint8_t* p;  // nullptr: none
-  int rows, stride, lead;
-};
-constexpr int PF_PIECE = 16384;
-__device__ __forceinline__ void prefetch_next_share(const PrefetchNext& pf, int lane) {
-  const int per_row = (pf.lead + PF_PIECE - 1) / PF_PIECE, pieces = pf.rows * per_row;
-  const int ctas = gridDim.x * gridDim.y * gridDim.z;
-  const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  for (int i = cta * 32 + lane; i < pieces; i += ctas * 32) {
-    const int row = i / per_row, off = (i % per_row) * PF_PIECE;
-    const unsigned len = (unsigned)min(PF_PIECE, pf.lead - off) & ~15u;
-    if (len)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.p + (size_t)row * pf.stride + off), "r"(len)
-                   : "memory");
-  }
-}
-
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
@@ -250,8 +260,7 @@ template <int NT, bool VIEW, int WARPS, int U>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
-    PrefetchNext pf) {
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -272,9 +281,9 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
-  // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
-  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
-  pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
+  // ---- issue: the CTA's escape offsets, two pipeline stages of records, (cp.async, no registers held) the
+  // tile's exponents and first THREADS escape entries — all written at load time, so read before the PDL wait,
+  // while the previous kernel may still run — then (PDL wait) the X words of the two stages
   int e_lo = 0, e_hi = 0;
   if (!VIEW) {
     e_lo = __ldg(toff + (long)c * KB + a);
@@ -294,10 +303,13 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   Group<NT, VIEW, U> ga, gb;
-  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
-  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  ga.load_w(base, a + warp, b, WARPS, va0, va1, na0, na1);
+  gb.load_w(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  pdl_wait();  // all that the previous kernel wrote (X) is visible from here on
+  ga.load_xs(a + warp, b, WARPS, xr, xok);
+  gb.load_xs(a + warp + STEP, b, WARPS, xr, xok);
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
@@ -307,8 +319,6 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
-
-  if (pf.p && warp == 0) prefetch_next_share(pf, lane);
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
@@ -724,7 +734,6 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
-  PrefetchNext pf;
 };
 
 template <int NT, bool VIEW, int WARPS, int U>
@@ -743,7 +752,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets, a.pf);
+                            (int*)a.tickets);
 }
 
 template <int NT, bool VIEW>
@@ -771,16 +780,13 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
-// finishes; it reads X only once that kernel is complete).  pf (nullptr: none): queue an L2 prefetch of the first
-// pf_lead bytes of each of pf_rows rows pf_stride bytes apart (the next GEMM's leading records, PrefetchNext).
+// finishes; it reads X only once that kernel is complete).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, const void* pf, int pf_rows,
-                        int pf_stride, int pf_lead, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl,
-         PrefetchNext{(const uint8_t*)pf, pf_rows, pf_stride, pf_lead}};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
@@ -790,30 +796,6 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
   Args a{};
   a.occupancy = blocks;
   return dispatch(a, view, nt, warps, unroll, nullptr);
-}
-
-// L2 prefetch of a byte range (an experiment, bench/decode_step.py --prefetch-mb): each thread issues
-// cp.async.bulk.prefetch.L2 for PF_CHUNK-byte pieces and exits; the L2 fills from HBM while the kernels after it run
-// (in a decode step: attention, norms), so the next W12 GEMM finds its first records in L2.  A hint: nothing is
-// written, nothing waits for it.  p 16-byte aligned.
-namespace {
-constexpr int PF_CHUNK = 16384;
-__global__ void l2_prefetch_kernel(const uint8_t* __restrict__ p, long long bytes) {
-  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
-    long long off = i * PF_CHUNK;
-    unsigned len = (unsigned)min((long long)PF_CHUNK, bytes - off) & ~15u;
-    if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
-  }
-}
-}  // namespace
-
-extern "C" int w12_l2_prefetch(const void* p, long long bytes, void* stream) {
-  if (bytes <= 0) return 0;
-  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
-  int blocks = (int)min(132LL, (chunks + 127) / 128);  // at most one CTA per H200 SM
-  l2_prefetch_kernel<<<blocks, 128, 0, (cudaStream_t)stream>>>((const uint8_t*)p, bytes);
-  return (int)cudaGetLastError();
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
