@@ -14,7 +14,7 @@
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
 //   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
-//           stream finishes; its first records load then, X only after griddepcontrol.wait (pdl_wait).
+//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).
 //
 // One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
 // order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
@@ -60,9 +60,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
-// start while the one before it in the stream is finishing; before pdl_wait it reads only what no kernel writes
-// (the records and their tables, fixed at load time: the first records' loads overlap the previous kernel) and
-// writes nothing.
+// start while the one before it in the stream is finishing; it reads and writes nothing before pdl_wait.
 // pdl_launch_dependents lets the next kernel, if it was launched with PDL, start early in turn.  (An L2
 // prefetch of the first records before the wait was measured slower: 2026-12-01-pdl-h200-s7.md.)
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -147,37 +145,6 @@ struct Group {
 
   __device__ __forceinline__ static void load_x(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
     load_x16(a, b, xr, ok, kb);
-  }
-
-  // the records' bytes (constant: may be read before pdl_wait)
-  __device__ __forceinline__ void load_w(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
-                                         int n1) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * warps;
-      if (kb < KB) {
-        const uint8_t* r = base + (size_t)kb * REC;
-        va[u] = ld_stream(r + v0);
-        vb[u] = ld_stream(r + v1);
-        if (!VIEW) {
-          na[u] = ld_stream(r + n0);
-          nb[u] = ld_stream(r + n1);
-        }
-      }
-    }
-  }
-
-  // the matching X words (written by the previous kernel: only after pdl_wait)
-  __device__ __forceinline__ void load_xs(int kb0, int KB, int warps, const __nv_bfloat16* const (&xr)[NT],
-                                          const bool (&xok)[NT]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * warps;
-      if (XPF && kb < KB) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
-      }
-    }
   }
 
   __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
@@ -281,9 +248,9 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
-  // ---- issue: the CTA's escape offsets, two pipeline stages of records, (cp.async, no registers held) the
-  // tile's exponents and first THREADS escape entries — all written at load time, so read before the PDL wait,
-  // while the previous kernel may still run — then (PDL wait) the X words of the two stages
+  // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
+  pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
   int e_lo = 0, e_hi = 0;
   if (!VIEW) {
     e_lo = __ldg(toff + (long)c * KB + a);
@@ -303,13 +270,10 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   Group<NT, VIEW, U> ga, gb;
-  ga.load_w(base, a + warp, b, WARPS, va0, va1, na0, na1);
-  gb.load_w(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1);
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
-  pdl_wait();  // all that the previous kernel wrote (X) is visible from here on
-  ga.load_xs(a + warp, b, WARPS, xr, xok);
-  gb.load_xs(a + warp + STEP, b, WARPS, xr, xok);
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
@@ -796,6 +760,30 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
   Args a{};
   a.occupancy = blocks;
   return dispatch(a, view, nt, warps, unroll, nullptr);
+}
+
+// L2 prefetch of a byte range (an experiment, bench/decode_step.py --prefetch-mb): each thread issues
+// cp.async.bulk.prefetch.L2 for PF_CHUNK-byte pieces and exits; the L2 fills from HBM while the kernels after it run
+// (in a decode step: attention, norms), so the next W12 GEMM finds its first records in L2.  A hint: nothing is
+// written, nothing waits for it.  p 16-byte aligned.
+namespace {
+constexpr int PF_CHUNK = 16384;
+__global__ void l2_prefetch_kernel(const uint8_t* __restrict__ p, long long bytes) {
+  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
+    long long off = i * PF_CHUNK;
+    unsigned len = (unsigned)min((long long)PF_CHUNK, bytes - off) & ~15u;
+    if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
+  }
+}
+}  // namespace
+
+extern "C" int w12_l2_prefetch(const void* p, long long bytes, void* stream) {
+  if (bytes <= 0) return 0;
+  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
+  int blocks = (int)min(132LL, (chunks + 127) / 128);  // at most one CTA per H200 SM
+  l2_prefetch_kernel<<<blocks, 128, 0, (cudaStream_t)stream>>>((const uint8_t*)p, bytes);
+  return (int)cudaGetLastError();
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
