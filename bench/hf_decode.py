@@ -282,20 +282,23 @@ class Entry:
             for a, b in sorted(spans):
                 busy += max(0.0, b - max(a, end))
                 end = max(end, b)
-            cpu = {a.key: a.self_cpu_time_total for a in prof.key_averages()}
+            avg = prof.key_averages()
+            cpu = {a.key: a.self_cpu_time_total for a in avg}
+            cpu.update({f"calls: {a.key}": a.count for a in avg})
             return secs * 1e6, busy, by_name, len(spans), cpu
 
         w1, b1, k1, c1, h1 = run(1)
         wn, bn, kn, cn, hn = run(new_tokens)
         steps = new_tokens - 1
 
-        def top(now, before, count=12):
-            d = sorted(((v - before.get(k, 0.0)) / steps, k) for k, v in now.items())[::-1][:count]
+        def top(now, before, count=12, calls=False):
+            d = sorted(((v - before.get(k, 0.0)) / steps, k) for k, v in now.items()
+                       if k.startswith("calls: ") == calls)[::-1][:count]
             return [[round(v, 1), k[:90]] for v, k in d]
 
         return {"wall_us_per_step": (wn - w1) / steps, "gpu_busy_us_per_step": (bn - b1) / steps,
                 "gpu_events_per_step": (cn - c1) / steps, "top_kernels_us_per_step": top(kn, k1),
-                "top_host_self_us_per_step": top(hn, h1)}
+                "top_host_self_us_per_step": top(hn, h1, 20), "top_host_calls_per_step": top(hn, h1, 20, True)}
 
     def finish(self) -> dict:
         """The entry's result (median rate over its rounds, the projections' breakdown); frees the model."""
