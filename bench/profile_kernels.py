@@ -18,14 +18,27 @@ import sys
 import torch
 
 
-def variants():
+DEFAULT_CASES = "4096x4096:1,128;28672x4096:1,32"
+
+
+def parse_cases(text: str):
+    """"NxK:M,M;NxK:M" -> [((n, k), (m, ...)), ...]"""
+    out = []
+    for part in text.split(";"):
+        shape, ms = part.split(":")
+        n, k = (int(v) for v in shape.split("x"))
+        out.append(((n, k), tuple(int(m) for m in ms.split(","))))
+    return out
+
+
+def variants(cases=DEFAULT_CASES):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kernels import Mat, rel  # bench/kernels.py
 
     from w12.kernels import gemm_cuda as gc
 
     out = []
-    for (n, k), ms in (((4096, 4096), (1, 128)), ((28672, 4096), (1, 32))):
+    for (n, k), ms in parse_cases(cases):
         mt = Mat(n, k, 7)
         wf = mt.w.float()
         for m in ms:
@@ -48,8 +61,8 @@ def variants():
     return out
 
 
-def run():
-    vs = variants()
+def run(cases=DEFAULT_CASES):
+    vs = variants(cases)
     for _, fn in vs:  # warm up (builds, tickets) outside the profiled range
         fn()
     torch.cuda.synchronize()
@@ -116,9 +129,10 @@ if __name__ == "__main__":
     ap.add_argument("--summarize", help="ncu CSV to summarize")
     ap.add_argument("--names", help="file with the 'variant:' lines of the profiled run")
     ap.add_argument("--raw", help="ncu --page raw CSV (stall reasons)")
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"shapes and M to profile (default {DEFAULT_CASES!r})")
     a = ap.parse_args()
     if a.summarize:
         names = [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else []
         summarize(a.summarize, names, a.raw)
     else:
-        run()
+        run(a.cases)
