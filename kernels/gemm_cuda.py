@@ -278,9 +278,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     if isinstance(cfg, TcConfig):
         tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
+        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device) if cfg.wg else y  # X in wgmma k order
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, int(cfg.wg), _p(ws), _p(tk), stream)
+            int(view), cfg.nt, cfg.split, int(cfg.wg), _p(ws), _p(tk), _p(xp), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

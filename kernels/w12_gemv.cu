@@ -372,7 +372,8 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // Two MMA forms (template WG): mma.sync m16n8k16 per warp (each warp reads every X fragment from shared
 // memory), or wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage
 // once per warpgroup; A = the same decoded fragments, from registers).  wgmma reads B in k order, so for WG
-// the X stage holds each record's column pairs at the k positions the decode's lane order needs (x_off).
+// the X stage holds each record's column pairs at the k positions the decode's lane order needs (x_off): copied
+// from xp, X put in that order once per call by w12_x_wgorder_kernel.
 constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
 
 // X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
@@ -400,10 +401,6 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 // generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-               "l"(gmem), "r"(ok ? 4 : 0));
-}
 
 // Pins the accumulator registers at this point of the program (no copy of them is taken across a wgmma wait).
 template <int NT>
@@ -467,9 +464,25 @@ __device__ __forceinline__ int x_off(int m, int col) {
   return m * 128 + (((2 * s + h) ^ (m & 7)) << 4) + 4 * t + 2 * (col & 1);
 }
 
+// X with each 64-column block's column pairs in the wgmma k order of x_off<true> (xp[m, 64·kb + 2·d + e] =
+// x[m, 64·kb + 2·P + e] for the pair P at word d = 8s + t + 4h, P = 8t + 2s + h): the WG kernel's X stages are
+// then plain 16-byte copies (the swizzle only), instead of 4-byte copies with per-copy index arithmetic, which
+// took ~85 % of the kernel's instructions (ncu source counters, 2026-12-02-kernels-ncu-h200-s9.md).  xp: [M, K].
+__global__ void w12_x_wgorder_kernel(const __nv_bfloat16* __restrict__ x, int ldx, __nv_bfloat16* __restrict__ xp,
+                                     int M, int K) {
+  const int words = K / 2;  // 32-bit column pairs per row
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)M * words; i += (long)gridDim.x * blockDim.x) {
+    const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, P = w & 31;
+    const int t = P >> 3, s = (P >> 1) & 3, h = P & 1, d = 8 * s + t + 4 * h;
+    reinterpret_cast<uint32_t*>(xp + (size_t)m * K)[kb * 32 + d] =
+        reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w];
+  }
+}
+
 template <int NT, bool VIEW, int STAGES, bool WG>
 __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
-    const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xs_src, int ldxs, int M, int ldx,
+    const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;
@@ -498,23 +511,15 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;
 
-  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled) and W of record kb -> slot
+  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xs_src = x, or for WG the
+  // k-ordered copy of x, so that x_off holds either way) and W of record kb -> slot
   auto load_stage = [&](int kb, int slot) {
     uint8_t* dst = xs + slot * XST;
-    if (WG) {  // column pairs to their wgmma k positions (x_off): 4-byte copies
-      for (int i = tid; i < MT * 32; i += TC_THREADS) {
-        const int m = i >> 5, P = i & 31;
-        const bool ok = m0 + m < M;
-        const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + 2 * P;
-        cp_async4_zfill(dst + x_off<true>(m, 2 * P), src, ok);
-      }
-    } else {
-      for (int i = tid; i < MT * 8; i += TC_THREADS) {
-        const int m = i >> 3, q = i & 7;
-        const bool ok = m0 + m < M;
-        const __nv_bfloat16* src = x + (size_t)(ok ? m0 + m : 0) * ldx + kb * 64 + q * 8;
-        cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
-      }
+    for (int i = tid; i < MT * 8; i += TC_THREADS) {
+      const int m = i >> 3, q = i & 7;
+      const bool ok = m0 + m < M;
+      const __nv_bfloat16* src = xs_src + (size_t)(ok ? m0 + m : 0) * ldxs + kb * 64 + q * 8;
+      cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
     }
     // W: rows r0..r0+63 of record (nb, kb): 4 KB of view bytes and 2 KB of nibbles, both contiguous
     const uint8_t* r = base + (size_t)kb * REC;
@@ -675,7 +680,7 @@ size_t tc_smem(int kps) {
 template <int NT, bool VIEW, bool WG>
 cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      cudaStream_t st) {
+                      void* xp, cudaStream_t st) {
   auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>(), WG>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = tc_smem<NT>(kps);
@@ -685,8 +690,17 @@ cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void
     if (e != cudaSuccess) return e;
     set = smem;
   }
+  const __nv_bfloat16* xs_src = (const __nv_bfloat16*)x;
+  int ldxs = ldx;
+  if (WG) {  // X in wgmma k order first (M · K / 2 words, a few µs at most)
+    const long words = (long)M * KB * 32;
+    w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
+                                                                               (__nv_bfloat16*)xp, M, KB * 64);
+    xs_src = (const __nv_bfloat16*)xp;
+    ldxs = KB * 64;
+  }
   dim3 grid(NB * (128 / TC_CH), (M + 8 * NT - 1) / (8 * NT), split);
-  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, xs_src, ldxs, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
                                         (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
                                         (float*)ws, (int*)tickets);
   return cudaGetLastError();
@@ -789,15 +803,17 @@ extern "C" int w12_l2_prefetch(const void* p, long long bytes, void* stream) {
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
 // wg: 1 = wgmma (one per k-step and warpgroup, X read by the tensor cores from shared memory), 0 = mma.sync;
 // split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
-// tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).  Same tensors and preconditions as w12_gemv.
+// tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).
+// xp (wg = 1): bf16 [M, K] scratch for X in wgmma k order (w12_x_wgorder_kernel, launched first on the stream).
+// Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           int wg, void* ws, void* tickets, void* stream) {
+                           int wg, void* ws, void* tickets, void* xp, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
 #define W12_TC(NTV, V, G) \
   if (nt == NTV && !!view == V && !!wg == G) \
-    return launch_tc<NTV, V, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st);
+    return launch_tc<NTV, V, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xp, st);
 #define W12_TC4(V, G) W12_TC(2, V, G) W12_TC(4, V, G) W12_TC(8, V, G) W12_TC(16, V, G)
   W12_TC4(false, false) W12_TC4(true, false) W12_TC4(false, true) W12_TC4(true, true)
 #undef W12_TC4
