@@ -47,18 +47,18 @@ class TcConfig:
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "tc" (tensor cores, mma.sync), "wgmma"
-    (tensor cores, wgmma) or None (the Triton kernel).  Where each measured fastest (do_bench):
-      M ≤ 16: skinny;  17–32: tc for N ≥ 28672 (gate_up, LM heads), else skinny
-      (2026-11-29-kernels-cuda-h200-tc128.md);  33–64: wgmma from 20 M weights, skinny below (4096²);
-      65–128: wgmma for N ≤ 4096 or ≤ 26 M weights (4096², 6144×4096, 4096×14336: 1.1–1.8× Triton), else
-      Triton (2026-11-29-kernels-cuda-h200-s4.md)."""
+    (tensor cores, wgmma) or None (the Triton kernel).  Where each measured fastest (do_bench;
+    2026-12-02-kernels-cuda-h200-s9.md, X in wgmma k order):
+      M ≤ 16: skinny;  17–32: wgmma for N ≥ 28672 (gate_up, LM heads: 3–6 % ahead of tc), else skinny;
+      33–64: wgmma from 20 M weights, skinny below (4096²);  65–128: wgmma, except Triton for 4096 < N < 28672
+      above 26 M weights (5120×25600: Triton 7 % ahead; 10240×5120, 5120×8192: within 1.5 %)."""
     if m <= 16:
         return "skinny"
     if m <= 32:
-        return "tc" if n >= 28672 else "skinny"
+        return "wgmma" if n >= 28672 else "skinny"
     if m <= 64:
         return "wgmma" if n * k >= 20_000_000 else "skinny"
-    if m <= 128 and (n <= 4096 or n * k <= 26_000_000):
+    if m <= 128 and (n <= 4096 or n >= 28672 or n * k <= 26_000_000):
         return "wgmma"
     return None
 

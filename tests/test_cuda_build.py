@@ -26,16 +26,17 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice():
-    """Skinny kernel up to 16 rows and for narrow matrices; tensor-core kernels from 17 rows on wide ones,
-    wgmma from 33 rows, Triton for M = 128 on the wide ones (where each measured faster); nt covers M, split
-    fills the GPU and stays ≤ 8 (the split-K reduction keeps at most 8 partials in flight)."""
+    """Skinny kernel up to 16 rows and for narrow matrices; the wgmma tensor-core kernel from 17 rows on the
+    widest (N ≥ 28672) and from 33 rows from 20 M weights, Triton for M = 128 on mid-width large matrices
+    (where each measured faster); nt covers M, split fills the GPU and stays ≤ 8 (the split-K reduction keeps
+    at most 8 partials in flight)."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(16, 151936, 5120) == kf(32, 14336, 4096) == "skinny"
     assert kf(64, 4096, 4096) == "skinny" and kf(48, 4096, 4096) == "skinny"
-    assert kf(32, 28672, 4096) == kf(17, 128256, 4096) == "tc"
+    assert kf(32, 28672, 4096) == kf(17, 128256, 4096) == "wgmma"
     assert kf(64, 51200, 5120) == kf(33, 6144, 4096) == kf(64, 4096, 14336) == "wgmma"
-    assert kf(128, 4096, 4096) == kf(128, 6144, 4096) == kf(128, 4096, 14336) == "wgmma"
-    assert kf(128, 28672, 4096) is None and kf(128, 5120, 8192) is None and kf(129, 4096, 4096) is None
+    assert kf(128, 4096, 4096) == kf(128, 6144, 4096) == kf(128, 4096, 14336) == kf(128, 28672, 4096) == "wgmma"
+    assert kf(128, 5120, 25600) is None and kf(128, 5120, 8192) is None and kf(129, 4096, 4096) is None
     assert all(gc.pick_tc_config(m, n, k).split <= 8 for m in (17, 64, 128) for n in (128, 1024, 4096)
                for k in (4096, 14336, 65536))
     assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)

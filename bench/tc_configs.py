@@ -1,0 +1,69 @@
+"""The wgmma tensor-core W12 kernel's split-K choices against cuBLAS BF16, every shape, M = 32 / 64 / 128. One GPU call.
+
+    W12_CUDA=1 python bench/tc_configs.py [--ms 32,64,128] [--out DIR]
+
+For each (shape, M): every TcConfig(nt, split, wg=True) with split in 1, 2, 4, 8 (split ≤ K/64), checked against the
+reference (decoded weights, fp32 matmul: relative ∞-norm error < 1e-2) and for determinism (the same bits over 3
+runs; different splits group the partial sums differently, so they need not agree with each other), then timed as
+bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median). Prints and writes OUT/tc_configs.md: µs per split, the best, and what
+gemm_cuda.pick_tc_config picks today.
+"""
+
+import argparse
+import datetime
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels import SHAPES, Mat, bench, rel  # noqa: E402  (bench/kernels.py)
+
+from w12.kernels import gemm_cuda as gc  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default="32,64,128")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    ms = [int(v) for v in args.ms.split(",")]
+    lines = []
+    for si, (n, k) in enumerate(SHAPES):
+        mt = Mat(n, k, 100 + si)
+        wf = mt.w.float()
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            ref = x.float() @ wf.t()
+            t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
+            picked = gc.pick_tc_config(m, n, k, wg=True)
+            res = {}
+            for split in (1, 2, 4, 8):
+                if split > k // 64:
+                    continue
+                cfg = gc.TcConfig(picked.nt, split, True)
+                y = mt.run(x, cuda=cfg)
+                err = rel(y, ref)
+                assert err < 1e-2, f"{n}x{k} M={m} {cfg}: relative error {err:.2e}"
+                assert all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3)), f"{cfg} not deterministic"
+                res[split] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
+            best = min(res, key=res.get)
+            row = (f"| {n}×{k} | {m} | {t_cublas:.1f} | " + " | ".join(f"{res.get(s, float('nan')):.1f}" for s in (1, 2, 4, 8))
+                   + f" | {best} ({t_cublas / res[best]:.2f}×) | {picked.split} ({t_cublas / res[picked.split]:.2f}×) |")
+            print(row, flush=True)
+            lines.append(row)
+        del mt, wf
+        torch.cuda.empty_cache()
+    text = "\n".join([
+        f"# wgmma W12 kernel: split-K per shape and M — {datetime.date.today()}", "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- command: `W12_CUDA=1 python bench/tc_configs.py --ms {args.ms} --out $OUT`",
+        "- µs: CUDA graph replay, do_bench median, L2 flushed; every config checked against the reference first", "",
+        "| N×K | M | cuBLAS µs | split 1 | split 2 | split 4 | split 8 | best (vs cuBLAS) | picked today (vs cuBLAS) |",
+        "|---|---|---|---|---|---|---|---|---|", *lines]) + "\n"
+    with open(os.path.join(args.out, "tc_configs.md"), "w") as fh:
+        fh.write(text)
+
+
+if __name__ == "__main__":
+    main()
