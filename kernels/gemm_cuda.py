@@ -46,29 +46,30 @@ class TcConfig:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "tc" (tensor cores, mma.sync), "wgmma"
-    (tensor cores, wgmma) or None (the Triton kernel).  Where each measured fastest (do_bench;
-    2026-12-02-kernels-cuda-h200-s9.md, X in wgmma k order):
-      M ≤ 16: skinny;  17–32: wgmma for N ≥ 28672 (gate_up, LM heads: 3–6 % ahead of tc), else skinny;
-      33–64: wgmma from 20 M weights, skinny below (4096²);  65–128: wgmma, except Triton for 4096 < N < 28672
-      above 26 M weights (5120×25600: Triton 7 % ahead; 10240×5120, 5120×8192: within 1.5 %)."""
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "tc" (tensor cores, mma.sync; no longer
+    dispatched), "wgmma" (tensor cores, wgmma) or None (the Triton kernel).  Where each measured fastest (do_bench;
+    2026-12-02-kernels-cuda-h200-s9.md, X in wgmma k order, split-K of pick_tc_config):
+      M ≤ 16: skinny;  17–32: wgmma for N ≥ 28672 (gate_up, LM heads) or K ≥ 20480 (5120×25600), else skinny;
+      33–64: wgmma from 20 M weights, skinny below (4096²);  65–128: wgmma (ahead of Triton on every shape)."""
     if m <= 16:
         return "skinny"
     if m <= 32:
-        return "wgmma" if n >= 28672 else "skinny"
+        return "wgmma" if n >= 28672 or k >= 20480 else "skinny"
     if m <= 64:
         return "wgmma" if n * k >= 20_000_000 else "skinny"
-    if m <= 128 and (n <= 4096 or n >= 28672 or n * k <= 26_000_000):
+    if m <= 128:
         return "wgmma"
     return None
 
 
 def pick_tc_config(m: int, n: int, k: int, wg: bool = False) -> TcConfig:
-    """nt: the smallest that holds M; split K (at most 8) until the grid has ~2 CTAs per SM (132 SMs), ≥ 8
-    records each."""
+    """nt: the smallest that holds M; split K (a power of 2, at most 8, ≥ 8 records per split) as far as the grid
+    stays within ~2.5 CTAs per SM (132 SMs; 1 per SM for nt = 16, whose shared memory allows one).  The best split
+    of every shape at M = 32, 64, 128 within 2 % (bench/tc_configs.py, 2026-12-02-tc-configs-h200-s9.md)."""
     nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
     ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
-    while split < 8 and ctas * split * 2 <= 264 and kb // (2 * split) >= 8:
+    slots = 132 if nt == 16 else 330
+    while split < 8 and ctas * split * 2 <= slots and kb // (2 * split) >= 8:
         split *= 2
     return TcConfig(nt, split, wg)
 
