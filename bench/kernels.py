@@ -280,9 +280,7 @@ def main():
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
-                    gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16),
-                    gc.TcConfig(2, 1, True), gc.TcConfig(4, 2, True), gc.TcConfig(8, 3, True), gc.TcConfig(16, 1, True),
-                    gc.TcConfig(16, 2, True)):
+                    gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16), gc.TcConfig(16, 2)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -316,7 +314,7 @@ def main():
             for _ in range(9):
                 err["det"] &= torch.equal(mt.op(x), y) and torch.equal(mt.op(x, view=True), yq)
             if cuda_ok and m > 8:  # the wgmma tensor-core kernel (timed in its own column)
-                cw = gc.pick_tc_config(m, n, k, wg=True)
+                cw = gc.pick_tc_config(m, n, k)
                 y1, yq1 = mt.run(x, cuda=cw), mt.run(x, view=True, cuda=cw)
                 err["wg"] = max(err.get("wg", 0.0), rel(y1, ref), rel(yq1, refq))
                 err["det"] &= all(torch.equal(mt.run(x, cuda=cw), y1) for _ in range(3))
@@ -455,12 +453,12 @@ def main():
             c_v = bench(lambda: mt.op(x, view=True), clean=True)
             t_other = None  # the CUDA kernel the dispatcher did not pick (skinny or tensor-core)
             kind = gc.kernel_for(m, n, k) if gc.usable(x, mt.records, mt.exps, n) else None
-            if 8 < m <= 64 and kind:  # the other CUDA kernel: skinny if a tensor-core one is dispatched, else mma.sync
-                alt = gc.pick_config(m, n, k) if kind != "skinny" else gc.pick_tc_config(m, n, k)
+            if 8 < m <= 64 and kind == "wgmma":  # the skinny kernel where the tensor-core one is dispatched
+                alt = gc.pick_config(m, n, k)  # (the other way round: the wgmma columns below)
                 t_other = bench(lambda: mt.run(x, cuda=alt))
             t_wg = t_wgv = None  # the wgmma tensor-core kernel, W12 and view
             if m > 8 and cuda_ok:
-                cw = gc.pick_tc_config(m, n, k, wg=True)
+                cw = gc.pick_tc_config(m, n, k)
                 t_wg = bench(lambda: mt.run(x, cuda=cw))
                 t_wgv = bench(lambda: mt.run(x, view=True, cuda=cw))
             c = g.pick_config(m, n, k)
@@ -468,7 +466,7 @@ def main():
                 cc = gc.pick_config(m, n, k)
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
             elif kind:
-                cc = gc.pick_tc_config(m, n, k, wg=kind == "wgmma")
+                cc = gc.pick_tc_config(m, n, k)
                 c = f"cuda-{kind} {cc.nt}/{cc.split}"
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"

@@ -47,11 +47,10 @@ def variants(cases=DEFAULT_CASES):
             cands = [("cuBLAS", lambda x=x, mt=mt: torch.matmul(x, mt.w.t()))]
             if m <= 64:
                 cands.append((f"skinny {gc.pick_config(m, n, k)}", lambda x=x, mt=mt, c=gc.pick_config(m, n, k): mt.run(x, cuda=c)))
-                cands.append((f"skinny view", lambda x=x, mt=mt, c=gc.pick_config(m, n, k, True): mt.run(x, view=True, cuda=c)))
+                cands.append(("skinny view", lambda x=x, mt=mt, c=gc.pick_config(m, n, k, True): mt.run(x, view=True, cuda=c)))
             if m > 8:
-                for wg in (False, True):
-                    c = gc.pick_tc_config(m, n, k, wg=wg)
-                    cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+                c = gc.pick_tc_config(m, n, k)
+                cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
             for name, fn in cands:
                 y = fn()
                 if "view" not in name:

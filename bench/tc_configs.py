@@ -2,7 +2,7 @@
 
     W12_CUDA=1 python bench/tc_configs.py [--ms 32,64,128] [--out DIR]
 
-For each (shape, M): every TcConfig(nt, split, wg=True) with split in 1, 2, 4, 8 (split ≤ K/64), checked against the
+For each (shape, M): every TcConfig(nt, split) with split in 1, 2, 4, 8 (split ≤ K/64), checked against the
 reference (decoded weights, fp32 matmul: relative ∞-norm error < 1e-2) and for determinism (the same bits over 3
 runs; different splits group the partial sums differently, so they need not agree with each other), then timed as
 bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median). Prints and writes OUT/tc_configs.md: µs per split, the best, and what
@@ -36,12 +36,12 @@ def main():
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.t()
             t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
-            picked = gc.pick_tc_config(m, n, k, wg=True)
+            picked = gc.pick_tc_config(m, n, k)
             res = {}
             for split in (1, 2, 4, 8):
                 if split > k // 64:
                     continue
-                cfg = gc.TcConfig(picked.nt, split, True)
+                cfg = gc.TcConfig(picked.nt, split)
                 y = mt.run(x, cuda=cfg)
                 err = rel(y, ref)
                 assert err < 1e-2, f"{n}x{k} M={m} {cfg}: relative error {err:.2e}"
@@ -52,7 +52,6 @@ def main():
                    + f" | {best} ({t_cublas / res[best]:.2f}×) | {picked.split} ({t_cublas / res[picked.split]:.2f}×) |")
             print(row, flush=True)
             lines.append(row)
-        del mt, wf
         torch.cuda.empty_cache()
     text = "\n".join([
         f"# wgmma W12 kernel: split-K per shape and M — {datetime.date.today()}", "",

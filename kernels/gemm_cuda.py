@@ -38,16 +38,15 @@ TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv
 
 @dataclass(frozen=True)
 class TcConfig:
-    """The tensor-core kernel (w12_gemm_tc_kernel: TC_CHANNELS channels × 8·nt X rows per CTA, X shared in
+    """The tensor-core kernel (w12_gemm_tc_kernel: wgmma, TC_CHANNELS channels × 8·nt X rows per CTA, X shared in
     shared memory)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    wg: bool = False  # wgmma (X read by the tensor cores from shared memory, once per 64 channels) instead of mma.sync
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "tc" (tensor cores, mma.sync; no longer
-    dispatched), "wgmma" (tensor cores, wgmma) or None (the Triton kernel).  Where each measured fastest (do_bench;
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "wgmma" (the tensor-core kernel) or None (the
+    Triton kernel).  Where each measured fastest (do_bench;
     2026-12-02-kernels-cuda-h200-s9.md, X in wgmma k order, split-K of pick_tc_config):
       M ≤ 16: skinny;  17–32: wgmma for N ≥ 28672 (gate_up, LM heads) or K ≥ 20480 (5120×25600), else skinny;
       33–64: wgmma from 20 M weights, skinny below (4096²);  65–128: wgmma (ahead of Triton on every shape)."""
@@ -62,7 +61,7 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     return None
 
 
-def pick_tc_config(m: int, n: int, k: int, wg: bool = False) -> TcConfig:
+def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
     """nt: the smallest that holds M; split K (a power of 2, at most 8, ≥ 8 records per split) as far as the grid
     stays within ~2.5 CTAs per SM (132 SMs; 1 per SM for nt = 16, whose shared memory allows one).  The best split
     of every shape at M = 32, 64, 128 within 2 % (bench/tc_configs.py, 2026-12-02-tc-configs-h200-s9.md)."""
@@ -71,7 +70,7 @@ def pick_tc_config(m: int, n: int, k: int, wg: bool = False) -> TcConfig:
     slots = 132 if nt == 16 else 330
     while split < 8 and ctas * split * 2 <= slots and kb // (2 * split) >= 8:
         split *= 2
-    return TcConfig(nt, split, wg)
+    return TcConfig(nt, split)
 
 
 def _nt_for(m: int) -> int:
@@ -273,16 +272,16 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     cfg = config
     if cfg is None:
         kind = kernel_for(m, n, k)
-        cfg = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k, wg=kind == "wgmma")
+        cfg = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, TcConfig):
         tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
-        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device) if cfg.wg else y  # X in wgmma k order
+        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # X in wgmma k order (w12_x_wgorder_kernel)
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, int(cfg.wg), _p(ws), _p(tk), _p(xp), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

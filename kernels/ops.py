@@ -5,7 +5,7 @@
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
 x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls on a Hopper GPU run a CUDA kernel of
-kernels/w12_gemv.cu where gemm_cuda.kernel_for names one (the skinny, mma.sync or wgmma tensor-core GEMM; up
+kernels/w12_gemv.cu where gemm_cuda.kernel_for names one (the skinny or the wgmma tensor-core GEMM; up
 to M = 128), other CUDA calls the Triton kernels, each
 with a config picked from a table by shape (no autotuning, no host sync); other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from

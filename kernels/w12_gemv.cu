@@ -1,6 +1,6 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
 // registers straight into mma.sync fragments: the skinny kernel (below; M ≤ 64) and the tensor-core kernel
-// (w12_gemm_tc_kernel, further down, mma.sync or wgmma; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// (w12_gemm_tc_kernel, further down, wgmma; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
 // Work split
@@ -362,18 +362,18 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // (its tile c = nb·8 + r0/16 + w) and every record of the CTA.  Each record's TC_CH rows of W bytes (view
 // and nibbles, each contiguous in the record) and its X tile go through a STAGES-deep cp.async ring in
 // shared memory (one barrier per record; STAGES − 1 records in flight); a warp reads its A bytes from
-// there (the same lane layout and decode as the skinny kernel) and the X fragments the four warps share.  X rows are 128 bytes; the 16-byte chunk q of row m sits at chunk q ^ (m & 7), so
-// the fragment loads (row 8j + g, chunks 2t and 2t+1) hit eight distinct chunks per quarter-warp.
+// there (the same lane layout and decode as the skinny kernel).  X rows are 128 bytes; the 16-byte chunk q of
+// row m sits at chunk q ^ (m & 7) (wgmma's 128-byte swizzle).
 // Escapes: while record kb's X tile is in shared memory, each warp adds x[m, col] · (w − w_code) of its
 // tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
 // the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
 // added in the epilogue from global memory, after the others: still list order).  Split K as in the
 // skinny kernel (splitk_last: partials in ws, tickets, fixed order).
-// Two MMA forms (template WG): mma.sync m16n8k16 per warp (each warp reads every X fragment from shared
-// memory), or wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage
-// once per warpgroup; A = the same decoded fragments, from registers).  wgmma reads B in k order, so for WG
-// the X stage holds each record's column pairs at the k positions the decode's lane order needs (x_off): copied
-// from xp, X put in that order once per call by w12_x_wgorder_kernel.
+// MMA: wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage once per
+// warpgroup; A = the decoded fragments, from registers).  wgmma reads B in k order, so the X stage holds each
+// record's column pairs at the k positions the decode's lane order needs (x_off): copied from xp, X put in that
+// order once per call by w12_x_wgorder_kernel.  (An mma.sync m16n8k16 form, each warp reading its X fragments
+// from shared memory, measured slower on every shape once X came in k order: removed after session 9.)
 constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
 
 // X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
@@ -452,20 +452,18 @@ __device__ __forceinline__ void wgmma_k16<16>(float (&d)[16][4], uint32_t a0, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
 }
 
-// Byte offset of X[m, col] (col < 64) in an X stage.  mma.sync layout: 16-byte chunk col/8 of row m at chunk
-// (col/8) ^ (m & 7).  wgmma layout: the lane (g, t) of k-step s holds the columns 16t + 4s + {0,1,2,3} at the
-// MMA's k positions 2t, 2t+1, 2t+8, 2t+9 (the skinny kernel's order, one 16-byte load per lane), and wgmma
-// reads B in k order, so the column pair P = col/2 = 8t + 2s + h (h = 0: k 2t, h = 1: k 2t+8) is stored at
-// k-step s, k-pair t + 4h: logical word d = 8s + t + 4h, i.e. chunk 2s + h, word t; then the same swizzle.
-template <bool WG>
+// Byte offset of X[m, col] (col < 64) in an X stage: the lane (g, t) of k-step s holds the columns
+// 16t + 4s + {0,1,2,3} at the MMA's k positions 2t, 2t+1, 2t+8, 2t+9 (the skinny kernel's order, one 16-byte
+// load per lane), and wgmma reads B in k order, so the column pair P = col/2 = 8t + 2s + h (h = 0: k 2t, h = 1:
+// k 2t+8) is stored at k-step s, k-pair t + 4h: logical word d = 8s + t + 4h, i.e. chunk 2s + h, word t; then
+// the swizzle (chunk q of row m at q ^ (m & 7)).
 __device__ __forceinline__ int x_off(int m, int col) {
-  if (!WG) return m * 128 + ((((col >> 3) ^ (m & 7))) << 4) + 2 * (col & 7);
   const int P = col >> 1, t = P >> 3, s = (P >> 1) & 3, h = P & 1;
   return m * 128 + (((2 * s + h) ^ (m & 7)) << 4) + 4 * t + 2 * (col & 1);
 }
 
-// X with each 64-column block's column pairs in the wgmma k order of x_off<true> (xp[m, 64·kb + 2·d + e] =
-// x[m, 64·kb + 2·P + e] for the pair P at word d = 8s + t + 4h, P = 8t + 2s + h): the WG kernel's X stages are
+// X with each 64-column block's column pairs in the wgmma k order of x_off (xp[m, 64·kb + 2·d + e] =
+// x[m, 64·kb + 2·P + e] for the pair P at word d = 8s + t + 4h, P = 8t + 2s + h): the kernel's X stages are
 // then plain 16-byte copies (the swizzle only), instead of 4-byte copies with per-copy index arithmetic, which
 // took ~85 % of the kernel's instructions (ncu source counters, 2026-12-02-kernels-ncu-h200-s9.md).  xp: [M, K].
 __global__ void w12_x_wgorder_kernel(const __nv_bfloat16* __restrict__ x, int ldx, __nv_bfloat16* __restrict__ xp,
@@ -479,7 +477,7 @@ __global__ void w12_x_wgorder_kernel(const __nv_bfloat16* __restrict__ x, int ld
   }
 }
 
-template <int NT, bool VIEW, int STAGES, bool WG>
+template <int NT, bool VIEW, int STAGES>
 __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xs_src, int ldxs, int M, int ldx,
     const uint8_t* __restrict__ rec,
@@ -511,8 +509,8 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;
 
-  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xs_src = x, or for WG the
-  // k-ordered copy of x, so that x_off holds either way) and W of record kb -> slot
+  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xs_src, X in k order, so that
+  // x_off holds) and W of record kb -> slot
   auto load_stage = [&](int kb, int slot) {
     uint8_t* dst = xs + slot * XST;
     for (int i = tid; i < MT * 8; i += TC_THREADS) {
@@ -565,7 +563,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
       const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
       for (int m = lane; m < MT; m += 32) {
-        const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + x_off<WG>(m, col));
+        const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + x_off(m, col));
         my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), d, my_corr[rl * MT + m]);
       }
     }
@@ -574,7 +572,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   // ---- one record: wait for its X stage, refill the ring, MMAs, this record's escapes
   auto step = [&](int i) {
     cp_async_wait<STAGES - 2>();
-    if (WG) fence_proxy_async();  // this thread's copies of record a + i, visible to wgmma
+    fence_proxy_async();  // this thread's copies of record a + i, visible to wgmma
     __syncthreads();  // X of record a + i visible to all; everyone is done with the slot refilled below
     if (i + STAGES - 1 < nrec) load_stage(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
     cp_async_commit();
@@ -586,43 +584,27 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       na = *reinterpret_cast<const uint4*>(wsl + n0);
       nbw = *reinterpret_cast<const uint4*>(wsl + n1);
     }
-    if (WG) {  // the four k-steps' fragments, four wgmma (B = the X stage at k-step s: 32·s bytes in), the
-      // escapes while they run, then wait (so the slot is free at the next barrier; waiting one step later
-      // instead made ptxas serialize the wgmma: the escape loop then sat inside the pipeline stage)
-      uint32_t fa[4][4];
+    // the four k-steps' fragments, four wgmma (B = the X stage at k-step s: 32·s bytes in), the
+    // escapes while they run, then wait (so the slot is free at the next barrier; waiting one step later
+    // instead made ptxas serialize the wgmma: the escape loop then sat inside the pipeline stage)
+    uint32_t fa[4][4];
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
-        decode4<VIEW>(word(va, s), nwa, fa[s][0], fa[s][2]);
-        decode4<VIEW>(word(vb, s), nwb, fa[s][1], fa[s][3]);
-      }
-      const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xsl);
-      fence_acc(acc);
-      wg_fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xa + 32 * s));
-      wg_commit();
-      escapes(i, xsl);
-      wg_wait0();
-    }
-#pragma unroll
-    for (int s = 0; s < (WG ? 0 : 4); ++s) {
-      uint32_t a0, a1, a2, a3;
+    for (int s = 0; s < 4; ++s) {
       const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
-      decode4<VIEW>(word(va, s), nwa, a0, a2);
-      decode4<VIEW>(word(vb, s), nwb, a1, a3);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        // X row 8j + g, columns 16t + 4s .. : words 2(s&1), 2(s&1)+1 of chunk 2t + (s >> 1)
-        const uint2 q = *reinterpret_cast<const uint2*>(xsl + (8 * j + g) * 128 + (((2 * t + (s >> 1)) ^ g) << 4) +
-                                                         8 * (s & 1));
-        mma16816(acc[j], a0, a1, a2, a3, q.x, q.y);
-      }
+      decode4<VIEW>(word(va, s), nwa, fa[s][0], fa[s][2]);
+      decode4<VIEW>(word(vb, s), nwb, fa[s][1], fa[s][3]);
     }
-    if (!WG) escapes(i, xsl);
+    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xsl);
+    fence_acc(acc);
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xa + 32 * s));
+    wg_commit();
+    escapes(i, xsl);
+    wg_wait0();
   };
   for (int i = 0; i < nrec; ++i) step(i);
-  if (WG) fence_acc(acc);  // the accumulators are read only after the last wait
+  fence_acc(acc);  // the accumulators are read only after the last wait
   cp_async_wait<0>();
   __syncthreads();  // the X ring is free: reuse it for the warps' sums
 
@@ -677,11 +659,11 @@ size_t tc_smem(int kps) {
          TC_WARPS * (kps + 1) * 4;
 }
 
-template <int NT, bool VIEW, bool WG>
+template <int NT, bool VIEW>
 cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xp, cudaStream_t st) {
-  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>(), WG>;
+  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>()>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = tc_smem<NT>(kps);
   static size_t set = 0;
@@ -690,17 +672,12 @@ cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void
     if (e != cudaSuccess) return e;
     set = smem;
   }
-  const __nv_bfloat16* xs_src = (const __nv_bfloat16*)x;
-  int ldxs = ldx;
-  if (WG) {  // X in wgmma k order first (M · K / 2 words, a few µs at most)
-    const long words = (long)M * KB * 32;
-    w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
-                                                                               (__nv_bfloat16*)xp, M, KB * 64);
-    xs_src = (const __nv_bfloat16*)xp;
-    ldxs = KB * 64;
-  }
+  // X in wgmma k order first (M · K / 2 words, a few µs at most)
+  const long words = (long)M * KB * 32;
+  w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
+                                                                             (__nv_bfloat16*)xp, M, KB * 64);
   dim3 grid(NB * (128 / TC_CH), (M + 8 * NT - 1) / (8 * NT), split);
-  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, xs_src, ldxs, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const __nv_bfloat16*)xp, KB * 64, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
                                         (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
                                         (float*)ws, (int*)tickets);
   return cudaGetLastError();
@@ -776,46 +753,21 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
   return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
-// L2 prefetch of a byte range (an experiment, bench/decode_step.py --prefetch-mb): each thread issues
-// cp.async.bulk.prefetch.L2 for PF_CHUNK-byte pieces and exits; the L2 fills from HBM while the kernels after it run
-// (in a decode step: attention, norms), so the next W12 GEMM finds its first records in L2.  A hint: nothing is
-// written, nothing waits for it.  p 16-byte aligned.
-namespace {
-constexpr int PF_CHUNK = 16384;
-__global__ void l2_prefetch_kernel(const uint8_t* __restrict__ p, long long bytes) {
-  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < chunks; i += (long long)gridDim.x * blockDim.x) {
-    long long off = i * PF_CHUNK;
-    unsigned len = (unsigned)min((long long)PF_CHUNK, bytes - off) & ~15u;
-    if (len) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(len) : "memory");
-  }
-}
-}  // namespace
-
-extern "C" int w12_l2_prefetch(const void* p, long long bytes, void* stream) {
-  if (bytes <= 0) return 0;
-  long long chunks = (bytes + PF_CHUNK - 1) / PF_CHUNK;
-  int blocks = (int)min(132LL, (chunks + 127) / 128);  // at most one CTA per H200 SM
-  l2_prefetch_kernel<<<blocks, 128, 0, (cudaStream_t)stream>>>((const uint8_t*)p, bytes);
-  return (int)cudaGetLastError();
-}
-
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// wg: 1 = wgmma (one per k-step and warpgroup, X read by the tensor cores from shared memory), 0 = mma.sync;
 // split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
 // tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).
-// xp (wg = 1): bf16 [M, K] scratch for X in wgmma k order (w12_x_wgorder_kernel, launched first on the stream).
+// xp: bf16 [M, K] scratch for X in wgmma k order (w12_x_wgorder_kernel, launched first on the stream).
 // Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           int wg, void* ws, void* tickets, void* xp, void* stream) {
+                           void* ws, void* tickets, void* xp, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-#define W12_TC(NTV, V, G) \
-  if (nt == NTV && !!view == V && !!wg == G) \
-    return launch_tc<NTV, V, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xp, st);
-#define W12_TC4(V, G) W12_TC(2, V, G) W12_TC(4, V, G) W12_TC(8, V, G) W12_TC(16, V, G)
-  W12_TC4(false, false) W12_TC4(true, false) W12_TC4(false, true) W12_TC4(true, true)
+#define W12_TC(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_tc<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xp, st);
+#define W12_TC4(V) W12_TC(2, V) W12_TC(4, V) W12_TC(8, V) W12_TC(16, V)
+  W12_TC4(false) W12_TC4(true)
 #undef W12_TC4
 #undef W12_TC
   return (int)cudaErrorInvalidValue;
