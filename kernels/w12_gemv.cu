@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // warpgroup; A = the decoded fragments, from registers).  wgmma reads B in k order, so the X stage holds each
 // record's column pairs at the k positions the decode's lane order needs (x_off): copied from xp, X put in that
 // order once per call by w12_x_wgorder_kernel.  (An mma.sync m16n8k16 form, each warp reading its X fragments
-// from shared memory, measured slower on every shape once X came in k order: removed after session 9.)
+// from shared memory, measured slower wherever a tensor-core kernel is dispatched: removed in session 9.)
 constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
 
 // X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
