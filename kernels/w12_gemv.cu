@@ -452,34 +452,39 @@ __device__ __forceinline__ void wgmma_k16<16>(float (&d)[16][4], uint32_t a0, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
 }
 
-// Byte offset of X[m, col] (col < 64) in an X stage: the lane (g, t) of k-step s holds the columns
-// 16t + 4s + {0,1,2,3} at the MMA's k positions 2t, 2t+1, 2t+8, 2t+9 (the skinny kernel's order, one 16-byte
-// load per lane), and wgmma reads B in k order, so the column pair P = col/2 = 8t + 2s + h (h = 0: k 2t, h = 1:
-// k 2t+8) is stored at k-step s, k-pair t + 4h: logical word d = 8s + t + 4h, i.e. chunk 2s + h, word t; then
-// the swizzle (chunk q of row m at q ^ (m & 7)).
-__device__ __forceinline__ int x_off(int m, int col) {
-  const int P = col >> 1, t = P >> 3, s = (P >> 1) & 3, h = P & 1;
-  return m * 128 + (((2 * s + h) ^ (m & 7)) << 4) + 4 * t + 2 * (col & 1);
+// wgmma k order of a 64-column block: the lane (g, t) of k-step s holds the columns 16t + 4s + {0,1,2,3} at the
+// MMA's k positions 2t, 2t+1, 2t+8, 2t+9 (the skinny kernel's order, one 16-byte load per lane), and wgmma reads
+// B in k order, so the column pair P = 8t + 2s + h (h = 0: k 2t, h = 1: k 2t+8) goes to k-step s, k-pair t + 4h:
+// 32-bit word d = 8s + t + 4h of the block (chunk d / 4 = 2s + h, word d % 4 = t).
+__device__ __forceinline__ int wg_word(int P) {
+  const int t = P >> 3, s = (P >> 1) & 3, h = P & 1;
+  return 8 * s + t + 4 * h;
 }
 
-// X with each 64-column block's column pairs in the wgmma k order of x_off (xp[m, 64·kb + 2·d + e] =
-// x[m, 64·kb + 2·P + e] for the pair P at word d = 8s + t + 4h, P = 8t + 2s + h): the kernel's X stages are
+// Byte offset of X[m, col] (col < 64) in an X stage: word wg_word(col / 2) of row m, chunk swizzled (chunk q of
+// row m at q ^ (m & 7)).
+__device__ __forceinline__ int x_off(int m, int col) {
+  const int d = wg_word(col >> 1);
+  return m * 128 + (((d >> 2) ^ (m & 7)) << 4) + 4 * (d & 3) + 2 * (col & 1);
+}
+
+// X with each 64-column block's column pairs in the wgmma k order (xp[m, 64·kb + 2·wg_word(P) + e] =
+// x[m, 64·kb + 2·P + e]): the kernel's X stages are
 // then plain 16-byte copies (the swizzle only), instead of 4-byte copies with per-copy index arithmetic, which
 // took ~85 % of the kernel's instructions (ncu source counters, 2026-12-02-kernels-ncu-h200-s9.md).  xp: [M, K].
 __global__ void w12_x_wgorder_kernel(const __nv_bfloat16* __restrict__ x, int ldx, __nv_bfloat16* __restrict__ xp,
                                      int M, int K) {
   const int words = K / 2;  // 32-bit column pairs per row
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)M * words; i += (long)gridDim.x * blockDim.x) {
-    const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, P = w & 31;
-    const int t = P >> 3, s = (P >> 1) & 3, h = P & 1, d = 8 * s + t + 4 * h;
-    reinterpret_cast<uint32_t*>(xp + (size_t)m * K)[kb * 32 + d] =
+    const int m = (int)(i / words), w = (int)(i % words);
+    reinterpret_cast<uint32_t*>(xp + (size_t)m * K)[(w & ~31) + wg_word(w & 31)] =
         reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w];
   }
 }
 
 template <int NT, bool VIEW, int STAGES>
 __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
-    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xs_src, int ldxs, int M, int ldx,
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xp, int ldxp, int M, int ldx,
     const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
@@ -509,14 +514,14 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const int nsh = (t >> 1) * 4;
 
-  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xs_src, X in k order, so that
-  // x_off holds) and W of record kb -> slot
+  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xp, X in k order with rows of
+  // K = 64·KB, so that x_off holds) and W of record kb -> slot
   auto load_stage = [&](int kb, int slot) {
     uint8_t* dst = xs + slot * XST;
     for (int i = tid; i < MT * 8; i += TC_THREADS) {
       const int m = i >> 3, q = i & 7;
       const bool ok = m0 + m < M;
-      const __nv_bfloat16* src = xs_src + (size_t)(ok ? m0 + m : 0) * ldxs + kb * 64 + q * 8;
+      const __nv_bfloat16* src = xp + (size_t)(ok ? m0 + m : 0) * ldxp + kb * 64 + q * 8;
       cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
     }
     // W: rows r0..r0+63 of record (nb, kb): 4 KB of view bytes and 2 KB of nibbles, both contiguous
