@@ -220,6 +220,48 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
+// splitk_last for the tensor-core kernel: the same adds in the same order per output (0 + p0 + p1 + …, so the
+// same bits), from float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of
+// independent L2 loads instead of 32 (up to 64 registers of partials; the accumulators are dead by then).
+__device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
+  __syncthreads();  // red complete
+  for (int i = tid; i < n4; i += nth)
+    reinterpret_cast<float4*>(part)[z * n4 + i] = reinterpret_cast<const float4*>(red)[i];
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *s_last = atomicAdd(ticket, 1) == S - 1;
+  __syncthreads();
+  if (!*s_last) return false;
+  __threadfence();
+  const float4* p4 = reinterpret_cast<const float4*>(part);
+  for (int i = tid; i < n4; i += 2 * nth) {
+    const int i2 = i + nth;
+    const bool two = i2 < n4;
+    float4 v[2][8];
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz) {
+      v[0][zz] = zz < S ? __ldcg(p4 + zz * n4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[1][zz] = zz < S && two ? __ldcg(p4 + zz * n4 + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int zz = 0; zz < 8; ++zz)
+        if (zz < S) {
+          sum.x += v[h][zz].x;
+          sum.y += v[h][zz].y;
+          sum.z += v[h][zz].z;
+          sum.w += v[h][zz].w;
+        }
+      if (h == 0 || two) reinterpret_cast<float4*>(red)[h == 0 ? i : i2] = sum;
+    }
+  }
+  if (tid == 0) *ticket = 0;
+  return true;
+}
+
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
@@ -642,7 +684,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   }
   const int tile = blockIdx.y * gridDim.x + blockIdx.x;
   float* cta_red = reinterpret_cast<float*>(xs);  // [TC_CH][MT]: row 16w + r
-  if (S > 1 && !splitk_last(cta_red, TC_CH * MT, ws + (size_t)tile * S * TC_CH * MT, S, blockIdx.z, tickets + tile, &s_last))
+  if (S > 1 && !splitk_last4(cta_red, TC_CH * MT, ws + (size_t)tile * S * TC_CH * MT, S, blockIdx.z, tickets + tile, &s_last))
     return;
   __syncthreads();
   for (int idx = tid; idx < TC_CH * mcount; idx += TC_THREADS) {
