@@ -494,7 +494,7 @@ def main():
 
 def cuda_candidates(m):
     nts = {gc._nt_for(m)} | ({gc._nt_for(m) // 2} if m > 8 else set())
-    wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 2, 1)]
+    wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (4, 1, 8), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 1, 8), (8, 2, 1)]
     if m <= 8:
         wus += [(4, 2, 1), (4, 2, 2), (8, 2, 2)]
     return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
