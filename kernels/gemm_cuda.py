@@ -46,14 +46,15 @@ class TcConfig:
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "wgmma" (the tensor-core kernel) or None (the
-    Triton kernel).  Where each measured fastest (do_bench;
-    2026-12-02-kernels-cuda-h200-s9.md, X in wgmma k order, split-K of pick_tc_config):
-      M ≤ 16: skinny;  17–32: wgmma for N ≥ 28672 (gate_up, LM heads) or K ≥ 20480 (5120×25600), else skinny;
-      33–64: wgmma from 20 M weights, skinny below (4096²);  65–128: wgmma (ahead of Triton on every shape)."""
+    Triton kernel).  Where each measured fastest (do_bench, the skinny configs of TABLE and the splits of
+    TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
+      M ≤ 16: skinny;  17–32: wgmma for the LM heads (N ≥ 100 000) and 28672×4096, else skinny (51200×5120
+      180 vs 202 µs, 5120×25600 107 vs 111);  33–64: wgmma from 20 M weights, skinny below (4096²);
+      65–128: wgmma (ahead of Triton on every shape)."""
     if m <= 16:
         return "skinny"
     if m <= 32:
-        return "wgmma" if n >= 28672 or k >= 20480 else "skinny"
+        return "wgmma" if n >= 100_000 or (n >= 28672 and k <= 4096) else "skinny"
     if m <= 64:
         return "wgmma" if n * k >= 20_000_000 else "skinny"
     if m <= 128:
@@ -61,11 +62,30 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     return None
 
 
+# (N, K, nt) -> split of the tensor-core kernel: the fastest of 1/2/4/8 at M = 8·nt (bench/tc_configs.py,
+# 2026-12-02-tc-configs-h200-s10.md, after the float4 split-K reduction); other shapes: pick_tc_config's rule.
+TC_SPLIT: dict = {
+    (6144, 4096, 4): 4, (6144, 4096, 8): 4, (6144, 4096, 16): 2,
+    (4096, 4096, 4): 8, (4096, 4096, 8): 4, (4096, 4096, 16): 4,
+    (28672, 4096, 4): 1, (28672, 4096, 8): 1, (28672, 4096, 16): 1,
+    (4096, 14336, 4): 8, (4096, 14336, 8): 8, (4096, 14336, 16): 4,
+    (128256, 4096, 4): 1, (128256, 4096, 8): 1, (128256, 4096, 16): 1,
+    (10240, 5120, 4): 8, (10240, 5120, 8): 8, (10240, 5120, 16): 1,
+    (5120, 8192, 4): 8, (5120, 8192, 8): 8, (5120, 8192, 16): 2,
+    (51200, 5120, 4): 2, (51200, 5120, 8): 2, (51200, 5120, 16): 1,
+    (5120, 25600, 4): 8, (5120, 25600, 8): 8, (5120, 25600, 16): 8,
+    (151936, 5120, 4): 1, (151936, 5120, 8): 1, (151936, 5120, 16): 1,
+}
+
+
 def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
-    """nt: the smallest that holds M; split K (a power of 2, at most 8, ≥ 8 records per split) as far as the grid
-    stays within ~2.5 CTAs per SM (132 SMs; 1 per SM for nt = 16, whose shared memory allows one).  The best split
-    of every shape at M = 32, 64, 128 within 2 % (bench/tc_configs.py, 2026-12-02-tc-configs-h200-s9.md)."""
+    """nt: the smallest that holds M; split K: TC_SPLIT's measured choice, else (a power of 2, at most 8, ≥ 8
+    records per split) as far as the grid stays within ~2.5 CTAs per SM (132 SMs; 1 per SM for nt = 16, whose
+    shared memory allows one) — the rule that was within 2 % of the best split on every shape before the float4
+    reduction made splitting cheaper (2026-12-02-tc-configs-h200-s9.md)."""
     nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
+    if (n, k, nt) in TC_SPLIT:
+        return TcConfig(nt, TC_SPLIT[(n, k, nt)])
     ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
     slots = 132 if nt == 16 else 330
     while split < 8 and ctas * split * 2 <= slots and kb // (2 * split) >= 8:
@@ -82,15 +102,15 @@ def _nt_for(m: int) -> int:
 
 # (N, K, M bucket, view) -> CudaConfig: the fastest candidate of `python bench/kernels.py --cuda-sweep`
 # on the H200, clean-flush timing (M ≤ 8: 2026-12-01 at 2b9a964, `--sweep-ms 1`, 2026-12-01-kernels-cuda-h200-s5.md;
-# M 9-64: 2026-11-29, Llama-3.1-8B shapes at cb079ad, the others at 1181b70,
-# bench/results/2026-11-29-kernels-cuda-sweep*-h200.txt); other shapes: pick_config's rule.
+# M 9-64: 2026-12-02 at aaf9ff8, `--sweep-ms 16,32,64`, 2026-12-02-kernels-cuda-sweep-h200-s10.txt);
+# other shapes: pick_config's rule.
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
-    (6144, 4096, 16, False): CudaConfig(2, 4, 1, 1),
+    (6144, 4096, 16, False): CudaConfig(2, 8, 1, 1),
     (6144, 4096, 16, True): CudaConfig(2, 8, 1, 1),
     (6144, 4096, 32, False): CudaConfig(4, 4, 1, 1),
-    (6144, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (6144, 4096, 32, True): CudaConfig(2, 8, 1, 1),
     (6144, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (6144, 4096, 64, True): CudaConfig(8, 4, 1, 1),
     (4096, 4096, 8, False): CudaConfig(1, 8, 2, 1),
@@ -98,7 +118,7 @@ TABLE: dict = {
     (4096, 4096, 16, False): CudaConfig(2, 8, 1, 1),
     (4096, 4096, 16, True): CudaConfig(2, 8, 1, 1),
     (4096, 4096, 32, False): CudaConfig(4, 8, 1, 1),
-    (4096, 4096, 32, True): CudaConfig(4, 8, 1, 1),
+    (4096, 4096, 32, True): CudaConfig(2, 4, 1, 1),
     (4096, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (4096, 4096, 64, True): CudaConfig(4, 8, 1, 1),
     (28672, 4096, 8, False): CudaConfig(1, 4, 1, 1),
@@ -121,50 +141,50 @@ TABLE: dict = {
     (128256, 4096, 8, True): CudaConfig(1, 4, 1, 1),
     (128256, 4096, 16, False): CudaConfig(2, 4, 1, 1),
     (128256, 4096, 16, True): CudaConfig(2, 4, 1, 1),
-    (128256, 4096, 32, False): CudaConfig(2, 4, 1, 1),
-    (128256, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 32, False): CudaConfig(4, 4, 1, 1),
+    (128256, 4096, 32, True): CudaConfig(4, 4, 1, 1),
     (128256, 4096, 64, False): CudaConfig(4, 4, 1, 1),
-    (128256, 4096, 64, True): CudaConfig(8, 4, 1, 1),
+    (128256, 4096, 64, True): CudaConfig(4, 4, 1, 1),
     (10240, 5120, 8, False): CudaConfig(1, 4, 1, 1),
     (10240, 5120, 8, True): CudaConfig(1, 4, 1, 1),
     (10240, 5120, 16, False): CudaConfig(2, 4, 1, 1),
-    (10240, 5120, 16, True): CudaConfig(2, 8, 1, 1),
-    (10240, 5120, 32, False): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 16, True): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 32, False): CudaConfig(4, 4, 1, 1),
     (10240, 5120, 32, True): CudaConfig(2, 4, 1, 1),
-    (10240, 5120, 64, False): CudaConfig(4, 8, 1, 1),
-    (10240, 5120, 64, True): CudaConfig(8, 4, 1, 1),
+    (10240, 5120, 64, False): CudaConfig(4, 4, 1, 1),
+    (10240, 5120, 64, True): CudaConfig(4, 4, 1, 1),
     (5120, 8192, 8, False): CudaConfig(1, 4, 1, 2),
     (5120, 8192, 8, True): CudaConfig(1, 4, 1, 2),
-    (5120, 8192, 16, False): CudaConfig(1, 8, 1, 1),
+    (5120, 8192, 16, False): CudaConfig(2, 4, 1, 2),
     (5120, 8192, 16, True): CudaConfig(2, 4, 1, 2),
-    (5120, 8192, 32, False): CudaConfig(2, 4, 1, 1),
-    (5120, 8192, 32, True): CudaConfig(2, 8, 1, 1),
-    (5120, 8192, 64, False): CudaConfig(4, 8, 1, 1),
-    (5120, 8192, 64, True): CudaConfig(8, 4, 1, 1),
+    (5120, 8192, 32, False): CudaConfig(4, 4, 1, 1),
+    (5120, 8192, 32, True): CudaConfig(2, 4, 1, 1),
+    (5120, 8192, 64, False): CudaConfig(4, 4, 1, 1),
+    (5120, 8192, 64, True): CudaConfig(4, 4, 1, 1),
     (51200, 5120, 8, False): CudaConfig(1, 4, 1, 1),
     (51200, 5120, 8, True): CudaConfig(1, 4, 1, 1),
     (51200, 5120, 16, False): CudaConfig(2, 4, 1, 1),
     (51200, 5120, 16, True): CudaConfig(2, 4, 1, 1),
-    (51200, 5120, 32, False): CudaConfig(2, 4, 1, 1),
-    (51200, 5120, 32, True): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 32, False): CudaConfig(4, 4, 1, 1),
+    (51200, 5120, 32, True): CudaConfig(4, 4, 1, 1),
     (51200, 5120, 64, False): CudaConfig(4, 4, 1, 1),
-    (51200, 5120, 64, True): CudaConfig(8, 4, 1, 1),
+    (51200, 5120, 64, True): CudaConfig(4, 4, 1, 1),
     (5120, 25600, 8, False): CudaConfig(1, 4, 1, 2),
     (5120, 25600, 8, True): CudaConfig(1, 8, 1, 4),
-    (5120, 25600, 16, False): CudaConfig(1, 8, 1, 1),
-    (5120, 25600, 16, True): CudaConfig(2, 4, 1, 4),
-    (5120, 25600, 32, False): CudaConfig(2, 4, 1, 4),
-    (5120, 25600, 32, True): CudaConfig(2, 4, 1, 4),
-    (5120, 25600, 64, False): CudaConfig(4, 8, 1, 2),
-    (5120, 25600, 64, True): CudaConfig(8, 4, 1, 1),
+    (5120, 25600, 16, False): CudaConfig(2, 4, 1, 2),
+    (5120, 25600, 16, True): CudaConfig(2, 4, 1, 2),
+    (5120, 25600, 32, False): CudaConfig(4, 4, 1, 4),
+    (5120, 25600, 32, True): CudaConfig(2, 4, 1, 1),
+    (5120, 25600, 64, False): CudaConfig(4, 4, 1, 4),
+    (5120, 25600, 64, True): CudaConfig(4, 4, 1, 1),
     (151936, 5120, 8, False): CudaConfig(1, 4, 1, 1),
     (151936, 5120, 8, True): CudaConfig(1, 4, 1, 1),
     (151936, 5120, 16, False): CudaConfig(2, 4, 1, 1),
     (151936, 5120, 16, True): CudaConfig(2, 4, 1, 1),
-    (151936, 5120, 32, False): CudaConfig(2, 4, 1, 1),
+    (151936, 5120, 32, False): CudaConfig(4, 4, 1, 1),
     (151936, 5120, 32, True): CudaConfig(4, 4, 1, 1),
     (151936, 5120, 64, False): CudaConfig(4, 4, 1, 1),
-    (151936, 5120, 64, True): CudaConfig(8, 4, 1, 1),
+    (151936, 5120, 64, True): CudaConfig(4, 4, 1, 1),
     (1024, 4096, 8, False): CudaConfig(1, 8, 1, 4),
     (1024, 4096, 8, True): CudaConfig(1, 8, 2, 2),
     (1024, 4096, 16, False): CudaConfig(1, 8, 2, 1),
@@ -175,7 +195,7 @@ TABLE: dict = {
     (1024, 4096, 64, True): CudaConfig(4, 8, 1, 1),
     (14336, 4096, 8, False): CudaConfig(1, 4, 1, 1),
     (14336, 4096, 8, True): CudaConfig(1, 8, 1, 1),
-    (14336, 4096, 16, False): CudaConfig(2, 4, 1, 1),
+    (14336, 4096, 16, False): CudaConfig(2, 8, 1, 1),
     (14336, 4096, 16, True): CudaConfig(2, 8, 1, 1),
     (14336, 4096, 32, False): CudaConfig(4, 4, 1, 1),
     (14336, 4096, 32, True): CudaConfig(2, 4, 1, 1),

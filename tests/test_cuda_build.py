@@ -26,26 +26,28 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice():
-    """Skinny kernel up to 16 rows and for narrow matrices; the wgmma tensor-core kernel from 17 rows on the
-    widest (N ≥ 28672) and from 33 rows from 20 M weights, Triton for M = 128 on mid-width large matrices
-    (where each measured faster); nt covers M, split fills the GPU and stays ≤ 8 (the split-K reduction keeps
-    at most 8 partials in flight)."""
+    """Skinny kernel up to 16 rows and for narrow matrices; the wgmma tensor-core kernel from 17 rows on the LM
+    heads and 28672×4096 and from 33 rows from 20 M weights (where each measured faster); nt covers M, split
+    comes from the measured TC_SPLIT, else fills the GPU and stays ≤ 8 (the split-K reduction keeps at most 8
+    partials in flight)."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(16, 151936, 5120) == kf(32, 14336, 4096) == "skinny"
     assert kf(64, 4096, 4096) == "skinny" and kf(48, 4096, 4096) == "skinny"
-    assert kf(32, 28672, 4096) == kf(17, 128256, 4096) == kf(32, 5120, 25600) == "wgmma"
+    assert kf(32, 51200, 5120) == kf(32, 5120, 25600) == "skinny"
+    assert kf(32, 28672, 4096) == kf(17, 128256, 4096) == kf(32, 151936, 5120) == "wgmma"
     assert kf(64, 51200, 5120) == kf(33, 6144, 4096) == kf(64, 4096, 14336) == "wgmma"
     assert kf(128, 4096, 4096) == kf(128, 6144, 4096) == kf(128, 5120, 25600) == kf(128, 28672, 4096) == "wgmma"
     assert kf(129, 4096, 4096) is None
     assert all(gc.pick_tc_config(m, n, k).split <= 8 for m in (17, 64, 128) for n in (128, 1024, 4096)
                for k in (4096, 14336, 65536))
     assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)
-    c = gc.pick_tc_config(20, 4096, 4096)
-    assert c.nt == 4 and c.split == 8  # 32 CTAs of 128 channels -> split 8 (8 records each)
     assert gc.pick_tc_config(64, 1024, 512).split == 1  # 8 records: no split
-    # measured best splits (2026-12-02-tc-configs-h200-s9.md): ~2.5 CTAs per SM, one for M = 128
-    assert [gc.pick_tc_config(64, n, k).split for n, k in ((6144, 4096), (10240, 5120), (5120, 25600))] == [4, 4, 8]
-    assert [gc.pick_tc_config(128, n, k).split for n, k in ((6144, 4096), (4096, 4096), (10240, 5120))] == [2, 4, 1]
+    # the rule (shapes not in TC_SPLIT): 24 CTAs of 128 channels at K = 4096 -> split 8 (8 records each)
+    assert (3072, 4096, 4) not in gc.TC_SPLIT and gc.pick_tc_config(20, 3072, 4096) == gc.TcConfig(4, 8)
+    # measured best splits (2026-12-02-tc-configs-h200-s10.md)
+    assert [gc.pick_tc_config(64, n, k).split for n, k in ((6144, 4096), (10240, 5120), (5120, 25600))] == [4, 8, 8]
+    assert [gc.pick_tc_config(128, n, k).split for n, k in ((6144, 4096), (4096, 4096), (5120, 25600))] == [2, 4, 8]
+    assert all(gc.pick_tc_config(8 * nt, n, k) == gc.TcConfig(nt, s) for (n, k, nt), s in gc.TC_SPLIT.items())
 
 
 def test_table_override(tmp_path, monkeypatch):
