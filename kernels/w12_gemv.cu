@@ -51,9 +51,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
 }
 
 // cp.async: global -> shared without holding registers (completed by cp_async_wait_all)
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
@@ -268,27 +265,15 @@ __device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
-// the resident CTAs per SM that the M ≤ 8 W12 kernels' registers allowed before the XE staging (71-78 registers
-// for U = 1, 127 for U = 2): kept as a floor so that the staging costs no occupancy
 template <int NT, bool VIEW, int WARPS, int U>
-constexpr int gemv_min_blocks() {
-  return !VIEW && NT == 1 ? (U == 1 ? (WARPS == 4 ? 7 : 3) : (WARPS == 4 ? 4 : 2)) : 0;
-}
-
-template <int NT, bool VIEW, int WARPS, int U>
-__global__ void __launch_bounds__(WARPS * 32, (gemv_min_blocks<NT, VIEW, WARPS, U>())) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
-  // XE (W12, M ≤ 8): the X values of the first THREADS escape entries are staged in shared memory during the main
-  // loop (s_xe[entry][m]: the 4-byte word of X row m0 + m holding column col), so that the epilogue's
-  // escape adds need no global load
-  constexpr bool XE = !VIEW && NT == 1;
   __shared__ __align__(16) float red[WARPS][16][MT];
-  __shared__ uint32_t s_xe[XE ? THREADS * MT : 1];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
@@ -305,7 +290,6 @@ __global__ void __launch_bounds__(WARPS * 32, (gemv_min_blocks<NT, VIEW, WARPS, 
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
-  const int mcount = min(MT, M - m0);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
   // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
   pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
@@ -334,23 +318,12 @@ __global__ void __launch_bounds__(WARPS * 32, (gemv_min_blocks<NT, VIEW, WARPS, 
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
-  // XE: stage at the end of every warp's first iteration (by then the entries have long arrived: they were
-  // asked for one load latency after the first records, which that iteration waited for); CTA-uniform
-  const bool staged = XE && e_hi > e_lo && b - a >= WARPS;
-
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
     ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
     gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    if (XE && staged && kb0 == a + warp) {  // XE: after the first iteration
-      cp_async_wait_all();  // this thread's own entry copy
-      if (e_lo + tid < e_hi) {
-        const int col = (int)(s_ent[tid].x & 0xFFFFFFu) & ~1;
-        for (int m = 0; m < mcount; ++m) cp_async4(&s_xe[tid * MT + m], x + (size_t)(m0 + m) * ldx + col);
-      }
-    }
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -363,6 +336,7 @@ __global__ void __launch_bounds__(WARPS * 32, (gemv_min_blocks<NT, VIEW, WARPS, 
   }
   cp_async_wait_all();
   __syncthreads();
+  const int mcount = min(MT, M - m0);
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4;
     float sum = 0.f;
@@ -406,12 +380,7 @@ __global__ void __launch_bounds__(WARPS * 32, (gemv_min_blocks<NT, VIEW, WARPS, 
         for (int cw = 0; cw < WARPS; ++cw) {
           for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
             int jj = 32 * cw + __ffs(bm) - 1;
-            float xv;
-            if (XE && staged && c0 == e_lo)  // the staged word: low half for an even column (little-endian)
-              xv = __int_as_float((int)((s_xe[jj * MT + m] >> (16 * (s_col[jj] & 1))) << 16));
-            else
-              xv = __bfloat162float(xm[s_col[jj]]);
-            out = fmaf(xv, s_d[jj], out);
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
           }
         }
         red[0][r][m] = out;
