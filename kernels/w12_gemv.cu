@@ -546,10 +546,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  // CTAs are launched x-fastest; (bx, by) puts the M tiles of one channel block next to each other in that
-  // order, so that they read its W records at about the same time (one read from DRAM, the others from L2)
-  const int lin = blockIdx.y * gridDim.x + blockIdx.x, by = lin % gridDim.y, bx = lin / gridDim.y;
-  const int nb = bx / (128 / TC_CH), r0 = (bx % (128 / TC_CH)) * TC_CH, m0 = by * MT;
+  const int nb = blockIdx.x / (128 / TC_CH), r0 = (blockIdx.x % (128 / TC_CH)) * TC_CH, m0 = blockIdx.y * MT;
   const int c = nb * 8 + r0 / 16 + warp;  // this warp's 16-channel tile
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
@@ -685,7 +682,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       __syncwarp();
     }
   }
-  const int tile = lin;  // this (channel block, M tile)'s partials and ticket
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
   float* cta_red = reinterpret_cast<float*>(xs);  // [TC_CH][MT]: row 16w + r
   if (S > 1 && !splitk_last4(cta_red, TC_CH * MT, ws + (size_t)tile * S * TC_CH * MT, S, blockIdx.z, tickets + tile, &s_last))
     return;
