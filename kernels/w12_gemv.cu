@@ -191,11 +191,11 @@ struct Group {
 };
 
 // Split K (S > 1): publish this CTA's partial tile (n floats at red, n % 4 == 0) as split z of the tile's S
-// partials in part, take the tile's ticket; the last CTA to arrive adds the partials in the fixed order
-// z = 0, 1, … (the same bits whatever the arrival order) into red, resets the ticket and returns true; the
-// others return false.  Each output's S ≤ 8 partials are loaded before the adds (8 registers: a float4 per
-// partial cost the skinny kernel 11 registers and an occupancy step).
-__device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+// partials in part and take the tile's ticket; true for the last CTA to arrive, which then adds the partials
+// (splitk_last / splitk_last4) in the fixed order z = 0, 1, … (the same bits whatever the arrival order) into
+// red and resets the ticket; the others return.
+__device__ __forceinline__ bool splitk_arrive(const float* red, int n, float* part, int S, int z, int* ticket,
+                                              int* s_last) {
   const int tid = threadIdx.x, nth = blockDim.x;
   __syncthreads();  // red complete
   for (int i = tid; i < n / 4; i += nth)
@@ -206,6 +206,14 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   __syncthreads();
   if (!*s_last) return false;
   __threadfence();
+  return true;
+}
+
+// The skinny kernel's: each output's S ≤ 8 partials are loaded before the adds (8 registers: a float4 per
+// partial cost the skinny kernel 11 registers and an occupancy step).
+__device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
+  const int tid = threadIdx.x, nth = blockDim.x;
   for (int i = tid; i < n; i += nth) {
     float v[8];
 #pragma unroll
@@ -220,20 +228,13 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
-// splitk_last for the tensor-core kernel: the same adds in the same order per output (0 + p0 + p1 + …, so the
-// same bits), from float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of
-// independent L2 loads instead of 32 (up to 64 registers of partials; the accumulators are dead by then).
+// The tensor-core kernel's: the same adds in the same order per output (0 + p0 + p1 + …, so the same bits), from
+// float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of independent L2 loads
+// instead of 32 (up to 64 registers of partials; the accumulators are dead by then).  Measured: 4096² M = 64
+// split 4 42.0 → 34.2 µs (2026-12-02-tc-configs-h200-s10.md).
 __device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
   const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
-  __syncthreads();  // red complete
-  for (int i = tid; i < n4; i += nth)
-    reinterpret_cast<float4*>(part)[z * n4 + i] = reinterpret_cast<const float4*>(red)[i];
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) *s_last = atomicAdd(ticket, 1) == S - 1;
-  __syncthreads();
-  if (!*s_last) return false;
-  __threadfence();
   const float4* p4 = reinterpret_cast<const float4*>(part);
   for (int i = tid; i < n4; i += 2 * nth) {
     const int i2 = i + nth;
