@@ -13,6 +13,13 @@ back, no stand-ins) too. Checks: every W12 variant's final hidden state is the s
 cuBLAS's (relative ∞-norm error printed). Writes OUT/decode_step.md and OUT/best.env (the fastest W12 variant's
 W12_PDL, for the next command of the same GPU call).
 
+    W12_CUDA=1 python bench/decode_step.py --side-prefetch [--layers 6] [--out DIR]
+
+adds, for both W12 and cuBLAS, a variant whose o projection's weights are read into L2 on a side stream (a
+graph branch forked after the q/k/v projection, joined before o) while attention runs: does the window in
+which the GPU's DRAM is idle hide the o projection's reads?  (The reader is a plain max-reduction over the
+weight bytes; an experiment of the step model, not a runtime feature.)
+
     W12_CUDA=1 python bench/decode_step.py --sweep [--layers 6] [--out DIR]
 
 times every M = 1 config of the skinny kernel for each projection INSIDE the step (the kernel table was tuned on
@@ -86,12 +93,23 @@ class Step:
     def proj(mt, x, kind):
         return mt.op(x) if kind == "w12" else torch.matmul(x, mt.w.t())
 
-    def run(self, kind, glue=True):
+    @staticmethod
+    def touch(mt, kind):
+        """Read the projection's weight bytes (into L2): a max-reduction over them."""
+        return (mt.records.view(torch.int32) if kind == "w12" else mt.w.view(torch.int16)).max()
+
+    def run(self, kind, glue=True, side=None):
         h, r = self.h0, torch.zeros_like(self.h0)
         for i, m in enumerate(self.mats):
             h, a = self.norm_add(h, r, self.nw) if glue else (h, h)
             qkv = self.proj(m["qkv"], a, kind)
+            if side is not None:  # fork: o's weights read on the side stream while attention runs
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self.touch(m["o"], kind)
             att = self.attention(qkv, self.kc[i], self.vc[i], self.pos, self.cos, self.sin) if glue else qkv[:, :H]
+            if side is not None:  # join
+                torch.cuda.current_stream().wait_stream(side)
             o = self.proj(m["o"], att, kind)
             h, a = self.norm_add(h, o, self.nw) if glue else (h, o)
             gu = self.proj(m["gu"], a, kind)
@@ -177,6 +195,8 @@ def main():
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sweep", action="store_true", help="time the M = 1 kernel configs inside the step instead")
+    ap.add_argument("--side-prefetch", action="store_true",
+                    help="also the variants with o's weights read into L2 on a side stream during attention")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -184,21 +204,25 @@ def main():
     if args.sweep:
         return sweep(st, args)
     L = args.layers
-    # (name, projections, PDL)
-    variants = [("cuBLAS BF16", "bf16", None), ("W12, no PDL", "w12", False), ("W12, PDL", "w12", True)]
+    # (name, projections, PDL, side stream for the o prefetch)
+    variants = [("cuBLAS BF16", "bf16", None, None), ("W12, no PDL", "w12", False, None), ("W12, PDL", "w12", True, None)]
+    if args.side_prefetch:
+        side = torch.cuda.Stream()
+        variants += [("cuBLAS BF16, o read ahead (side stream)", "bf16", None, side),
+                     ("W12, o read ahead (side stream)", "w12", False, side)]
     times, outs = {v[0]: ([], []) for v in variants}, {}
     for rnd in range(args.rounds):  # interleaved rounds: the median of each variant's rounds is reported
-        for name, kind, pdl in variants:
+        for name, kind, pdl, sd in variants:
             if pdl is not None:
                 gc.PDL = pdl
             reset_cache(st)
-            t_all, out = graph_us(lambda: st.run(kind), L)
+            t_all, out = graph_us(lambda: st.run(kind, side=sd), L)
             t_proj, _ = graph_us(lambda: st.run(kind, glue=False), L)
             outs.setdefault(name, out)
             times[name][0].append(t_all)
             times[name][1].append(t_proj)
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
-    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl in variants]
+    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, kind, pdl, _ in variants]
     w12 = [r for r in rows if r[3] is not None]
     ref = outs[w12[0][0]]
     same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)
