@@ -222,7 +222,7 @@ def main():
             times[name][0].append(t_all)
             times[name][1].append(t_proj)
             print(f"round {rnd}: {name:28s} step {t_all:7.1f} µs/layer, projections alone {t_proj:7.1f}", flush=True)
-    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, kind, pdl, _ in variants]
+    rows = [(n, statistics.median(times[n][0]), statistics.median(times[n][1]), pdl) for n, _, pdl, _ in variants]
     w12 = [r for r in rows if r[3] is not None]
     ref = outs[w12[0][0]]
     same = all(torch.equal(outs[r[0]].view(torch.int16), ref.view(torch.int16)) for r in w12)
