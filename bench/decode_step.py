@@ -17,8 +17,8 @@ W12_PDL, for the next command of the same GPU call).
 
 adds, for both W12 and cuBLAS, a variant whose o projection's weights are read into L2 on a side stream (a
 graph branch forked after the q/k/v projection, joined before o) while attention runs: does the window in
-which the GPU's DRAM is idle hide the o projection's reads?  (The reader is a plain max-reduction over the
-weight bytes; an experiment of the step model, not a runtime feature.)
+which the GPU's DRAM is idle hide the o projection's reads?  (The reader is a max-reduction over one word of
+every 32-byte sector; an experiment of the step model, not a runtime feature.)
 
     W12_CUDA=1 python bench/decode_step.py --sweep [--layers 6] [--out DIR]
 
@@ -95,8 +95,9 @@ class Step:
 
     @staticmethod
     def touch(mt, kind):
-        """Read the projection's weight bytes (into L2): a max-reduction over them."""
-        return (mt.records.view(torch.int32) if kind == "w12" else mt.w.view(torch.int16)).max()
+        """Bring the projection's weight bytes into L2: a max-reduction over one int32 of every 32-byte sector
+        (L2's fill unit), so the reader issues an eighth of the loads a full read would."""
+        return (mt.records if kind == "w12" else mt.w).view(torch.int32).view(-1, 8)[:, 0].max()
 
     def run(self, kind, glue=True, side=None):
         h, r = self.h0, torch.zeros_like(self.h0)
