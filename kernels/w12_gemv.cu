@@ -1,5 +1,5 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
-// registers straight into mma.sync fragments: the skinny kernel (below; M ≤ 64) and the tensor-core kernel
+// registers straight into MMA fragments: the skinny kernel (below; M ≤ 64) and the tensor-core kernel
 // (w12_gemm_tc_kernel, further down, wgmma; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
 // tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
 // the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
 // added in the epilogue from global memory, after the others: still list order).  Split K as in the
-// skinny kernel (splitk_last: partials in ws, tickets, fixed order).
+// skinny kernel (partials in ws, tickets, fixed order), added by splitk_last4.
 // MMA: wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage once per
 // warpgroup; A = the decoded fragments, from registers).  wgmma reads B in k order, so the X stage holds each
 // record's column pairs at the k positions the decode's lane order needs (x_off): copied from xp, X put in that
