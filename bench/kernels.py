@@ -465,6 +465,9 @@ def main():
             if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
+            elif kind == "xs":
+                cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
+                c = f"cuda-xs {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}{'/mfirst' if cc.mfirst else ''}"
             elif kind:
                 cc = gc.pick_tc_config(m, n, k)
                 c = f"cuda-{kind} {cc.nt}/{cc.split}"

@@ -1,4 +1,4 @@
-"""Host side of the CUDA skinny W12 GEMM (kernels/w12_gemv.cu): checks, config choice, launch.
+"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, xs): checks, config choice, launch.
 
     if gemm_cuda.usable(x, records, exponents, n):
         y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
@@ -44,13 +44,37 @@ class TcConfig:
     split: int = 1  # CTAs along K
 
 
+@dataclass(frozen=True)
+class XsConfig:
+    """The xs kernel (w12_gemm_xs_kernel: mma.sync, 16·warps channels × 8·nt X rows per CTA; X staged in shared
+    memory in chunks shared by the warps, each warp streaming its 16 channels' W words into registers)."""
+    nt: int  # X rows per CTA / 8: 2, 4 or 8
+    warps: int  # 4 or 8 (16 channels each)
+    unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight)
+    split: int = 1  # CTAs along K
+    mfirst: bool = False  # the M tiles of a channel block launched next to each other (W read once from DRAM)
+
+
+# (N, K, M bucket) -> XsConfig: shapes and M buckets (XS_BUCKETS) where the xs kernel measured faster than the
+# skinny / wgmma choice below (bench/xs_configs.py writes the entries; none measured yet).
+XS_TABLE: dict = {}
+XS_BUCKETS = (16, 32, 48, 64, 128)
+
+
+def xs_bucket(m: int) -> int | None:
+    """The XS_TABLE bucket of M: the smallest measured M ≥ m (None outside 9–128)."""
+    return next((b for b in XS_BUCKETS if m <= b), None) if m > 8 else None
+
+
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "skinny", "wgmma" (the tensor-core kernel) or None (the
-    Triton kernel).  Where each measured fastest (do_bench, the skinny configs of TABLE and the splits of
-    TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "xs" where XS_TABLE holds a measured config, else
+    "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
+    (do_bench, the skinny configs of TABLE and the splits of TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
       M ≤ 16: skinny;  17–32: wgmma for the LM heads (N ≥ 100 000) and 28672×4096, else skinny (51200×5120
       180 vs 202 µs, 5120×25600 107 vs 111);  33–64: wgmma from 20 M weights, skinny below (4096²);
       65–128: wgmma (ahead of Triton on every shape)."""
+    if (n, k, xs_bucket(m)) in XS_TABLE:
+        return "xs"
     if m <= 16:
         return "skinny"
     if m <= 32:
@@ -205,12 +229,14 @@ TABLE: dict = {
 
 
 def _load_override():
-    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) replaces entries."""
-    path = os.environ.get("W12_CUDA_TABLE")
-    if path:
-        scope = {"CudaConfig": CudaConfig}
-        exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
-        TABLE.update(scope["TABLE"])
+    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_XS_TABLE=path.py
+    (an `XS_TABLE = {...}` written by bench/xs_configs.py) replace entries."""
+    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE)):
+        path = os.environ.get(var)
+        if path:
+            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig}
+            exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
+            table.update(scope[name])
 
 
 _load_override()
@@ -279,7 +305,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | None = None):
+           config: CudaConfig | TcConfig | XsConfig | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n]."""
     m, k = x.shape
     nb, kb = records.shape[:2]
@@ -292,7 +318,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     cfg = config
     if cfg is None:
         kind = kernel_for(m, n, k)
-        cfg = pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k)
+        cfg = (pick_config(m, n, k, view) if kind == "skinny" else XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs"
+               else pick_tc_config(m, n, k))
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, TcConfig):
@@ -302,6 +329,12 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
+    elif isinstance(cfg, XsConfig):
+        tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)
+        err = library().w12_gemm_xs(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

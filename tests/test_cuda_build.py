@@ -63,6 +63,28 @@ def test_table_override(tmp_path, monkeypatch):
         gc.TABLE.update(saved)
 
 
+def test_xs_table_dispatch(tmp_path, monkeypatch):
+    """An xs_table.py written by bench/xs_configs.py (W12_XS_TABLE) sends its (N, K, M bucket) entries to the xs
+    kernel; M maps to the smallest measured bucket that holds it; every other call keeps its kernel."""
+    assert [gc.xs_bucket(m) for m in (1, 8, 9, 16, 17, 40, 48, 49, 64, 65, 128, 129)] == \
+        [None, None, 16, 16, 32, 48, 48, 64, 64, 128, 128, None]
+    p = tmp_path / "xs_table.py"
+    p.write_text("XS_TABLE = {\n    (6144, 4096, 32): XsConfig(nt=4, warps=8, unroll=1, split=4, mfirst=False),\n"
+                 "    (6144, 4096, 128): XsConfig(8, 8, 1, 2, True),\n}\n")
+    monkeypatch.setenv("W12_XS_TABLE", str(p))
+    saved = dict(gc.XS_TABLE)
+    try:
+        before = [gc.kernel_for(m, 6144, 4096) for m in (1, 16, 32, 64, 128)]
+        gc._load_override()
+        assert gc.XS_TABLE[(6144, 4096, 32)] == gc.XsConfig(4, 8, 1, 4)
+        assert [gc.kernel_for(m, 6144, 4096) for m in (1, 16, 17, 32, 33, 64, 65, 128)] == \
+            [before[0], before[1], "xs", "xs", before[3], before[3], "xs", "xs"]
+        assert gc.kernel_for(32, 4096, 4096) != "xs" and gc.kernel_for(129, 6144, 4096) is None
+    finally:
+        gc.XS_TABLE.clear()
+        gc.XS_TABLE.update(saved)
+
+
 def test_not_usable_on_cpu():
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     rec = torch.zeros(1, 1, 12288, dtype=torch.uint8)
@@ -121,7 +143,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
-@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemm_tc"]),
+@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemm_tc", "w12_gemm_xs"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
