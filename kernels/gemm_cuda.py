@@ -46,13 +46,15 @@ class TcConfig:
 
 @dataclass(frozen=True)
 class XsConfig:
-    """The xs kernel (w12_gemm_xs_kernel: mma.sync, 16·warps channels × 8·nt X rows per CTA; X staged in shared
-    memory in chunks shared by the warps, each warp streaming its 16 channels' W words into registers)."""
-    nt: int  # X rows per CTA / 8: 2, 4 or 8
-    warps: int  # 4 or 8 (16 channels each)
+    """The xs kernel (w12_gemm_xs_kernel: 16·warps channels × 8·nt X rows per CTA; X staged in shared memory in
+    chunks shared by the warps, each warp streaming its 16 channels' W words into registers; mma.sync, or wgmma
+    per warpgroup with wg)."""
+    nt: int  # X rows per CTA / 8: 2, 4 or 8 (wg: 4, 8 or 16)
+    warps: int  # 4 or 8 (16 channels each; wg: 8)
     unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight)
     split: int = 1  # CTAs along K
     mfirst: bool = False  # the M tiles of a channel block launched next to each other (W read once from DRAM)
+    wg: bool = False  # wgmma instead of mma.sync (X put in wgmma k order first, as for the tensor-core kernel)
 
 
 # (N, K, M bucket) -> XsConfig: shapes and M buckets (XS_BUCKETS) where the xs kernel measured faster than the
@@ -332,9 +334,11 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)
+        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device) if cfg.wg else y  # X in wgmma k order
         err = library().w12_gemm_xs(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), stream)
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), int(cfg.wg),
+            _p(xp), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

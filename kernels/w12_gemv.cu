@@ -746,14 +746,16 @@ cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void
 // 16-byte shared loads per n-tile per record (row 8j + g, columns 16t..16t+15: the skinny kernel's k order; the
 // 16-byte chunk q of a 128-byte row sits at q ^ (row & 7), so the 8 lanes of a load phase hit 8 distinct chunks).
 // Against the skinny kernel, X is read from L2 once per 16·WARPS channels instead of once per 16 and never
-// from global memory inside the main loop; against the tensor-core kernel, no barrier or wgmma wait per record.
+// from global memory inside the main loop; against the tensor-core kernel, W never passes through shared memory
+// and there is no barrier per record.  The MMAs: mma.sync as in the skinny kernel, or (WG) one wgmma per k-step
+// per warpgroup with the decoded fragments as A, waited for per record (compute_wg).
 // Epilogue per warp: acc · 2^(E_n − 127), then its tile's escapes of [a, b) in list order (x from global
 // memory, exact correction as in the skinny kernel); split K over the CTA's 16·WARPS × MT tile (splitk_last4).
 constexpr int XS_STAGES = 3, XS_CHUNK_BYTES = 32768;
 
 template <int NT>
-__host__ __device__ constexpr int xs_chunk() {  // records per X chunk
-  return XS_CHUNK_BYTES / (8 * NT * 128);
+__host__ __device__ constexpr int xs_chunk() {  // records per X chunk (4 for nt = 16: 64 KB chunks, one CTA per SM)
+  return NT >= 16 ? 4 : XS_CHUNK_BYTES / (8 * NT * 128);
 }
 
 // U records of one warp's W words (no X: the xs kernel reads X from shared memory).
@@ -795,19 +797,51 @@ struct WStage {
       }
     }
   }
+
+  // The same records through wgmma (the warp's 16 channels are its 16 rows of its warpgroup's 64): A = the
+  // decoded fragments in registers, B = the record's X block in k order at shared address xb (32·s bytes in at
+  // k-step s), waited for before the fragment registers are reused.
+  template <int NT>
+  __device__ __forceinline__ void compute_wg(float (&acc)[NT][4], int kb0, int b, uint32_t xb, int nsh) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb0 + u < b) {
+        uint32_t fa[4][4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nb[u], s) >> nsh;
+          decode4<VIEW>(word(va[u], s), nwa, fa[s][0], fa[s][2]);
+          decode4<VIEW>(word(vb[u], s), nwb, fa[s][1], fa[s][3]);
+        }
+        const uint32_t xu = xb + u * (8 * NT * 128);
+        fence_acc(acc);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xu + 32 * s));
+        wg_commit();
+        wg_wait0();
+      }
+    }
+  }
 };
 
-// two CTAs per SM (their X rings take 192 KB of shared memory): at most 128 registers with 8 warps
-template <int NT, bool VIEW, int WARPS, int U>
-__global__ void __launch_bounds__(WARPS * 32, 2) w12_gemm_xs_kernel(
-    const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
+// WG: the MMAs are wgmma (m64n(8·NT)k16 per warpgroup, A from registers, B = the X chunk, which then holds X in
+// wgmma k order: xk = xp of w12_x_wgorder_kernel; the ring is 1024-byte aligned for the 128-byte swizzle).
+// Two CTAs per SM (their X rings take 192 KB of shared memory; at most 128 registers with 8 warps), one for
+// nt = 16 (64 KB chunks).
+template <int NT, bool VIEW, int WARPS, int U, bool WG>
+__global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kernel(
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xk, int ldxk, int M, int ldx,
+    const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
     int mtiles, int mfirst) {
   constexpr int MT = 8 * NT, THREADS = WARPS * 32, CH = 16 * WARPS;  // X rows, threads, channels per CTA
   constexpr int C = xs_chunk<NT>(), XREC = MT * 128;                  // records per chunk, X bytes per record
   static_assert(C % (2 * U) == 0 && (C & (C - 1)) == 0, "a chunk holds whole pairs of pipeline stages");
-  extern __shared__ __align__(128) uint8_t xsm[];  // [XS_STAGES][C][MT][128]; after the loop: red [CH][MT] fp32
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // [XS_STAGES][C][MT][128], 1024-byte aligned (xs_smem adds the slack); after the loop: red [CH][MT] fp32
+  uint8_t* xsm = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -823,13 +857,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2) w12_gemm_xs_kernel(
   const int nsh = (t >> 1) * 4;
   const int xa = g * 128 + (((2 * t) ^ g) << 4), xb = g * 128 + (((2 * t + 1) ^ g) << 4);  // row g (of 8j + g)
 
-  // X chunk ci (records a + C·ci .. < b, rows m0 .. m0 + MT − 1, rows ≥ M zero-filled) -> ring slot `slot`.
+  // X chunk ci (records a + C·ci .. < b, rows m0 .. m0 + MT − 1 of xk, rows ≥ M zero-filled) -> ring slot `slot`.
   // Per row the chunk's records are C·128 contiguous bytes of x, and consecutive threads copy consecutive 16
   // bytes: thread tid always copies chunk xq of record xr, rows xm, xm + XM, … (C, THREADS powers of two)
   constexpr int XM = THREADS / 8 / C;
   const int xq = tid & 7, xr = (tid >> 3) & (C - 1), xm = (tid >> 3) / C, xrows = M - m0 - xm;
-  const __nv_bfloat16* xsrc = x + (size_t)(m0 + xm) * ldx + (a + xr) * 64 + xq * 8;  // chunk 0, row xm
-  const size_t xstep = (size_t)XM * ldx;
+  const __nv_bfloat16* xsrc = xk + (size_t)(m0 + xm) * ldxk + (a + xr) * 64 + xq * 8;  // chunk 0, row xm
+  const size_t xstep = (size_t)XM * ldxk;
   auto load_chunk = [&](int ci, int slot) {
     if (a + C * ci + xr >= b) return;
     uint8_t* dst = xsm + slot * (C * XREC) + xr * XREC;
@@ -837,7 +871,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2) w12_gemm_xs_kernel(
 #pragma unroll
     for (int j = 0; j < MT / XM; ++j) {
       const int m = xm + j * XM;
-      cp_async16_zfill(dst + m * 128 + ((xq ^ (m & 7)) << 4), j * XM < xrows ? src + j * xstep : x, j * XM < xrows);
+      cp_async16_zfill(dst + m * 128 + ((xq ^ (m & 7)) << 4), j * XM < xrows ? src + j * xstep : xk, j * XM < xrows);
     }
   };
 
@@ -858,19 +892,24 @@ __global__ void __launch_bounds__(WARPS * 32, 2) w12_gemm_xs_kernel(
   // A's U records are multiplied while group B's are in flight, and the other way
   for (int ci = 0, slot = 0; ci < nchunks; ++ci, slot = slot == XS_STAGES - 1 ? 0 : slot + 1) {
     cp_async_wait<XS_STAGES - 2>();
+    if (WG) fence_proxy_async();  // this thread's copies, visible to wgmma
     __syncthreads();
     if (ci + XS_STAGES - 1 < nchunks) load_chunk(ci + XS_STAGES - 1, slot == 0 ? XS_STAGES - 1 : slot - 1);
     cp_async_commit();
     const uint8_t* xc = xsm + slot * (C * XREC);
+    const uint32_t xcs = (uint32_t)__cvta_generic_to_shared(xc);
     const int k0 = a + C * ci;
 #pragma unroll 1
     for (int r = 0; r < C && k0 + r < b; r += 2 * U) {
-      ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nsh);
+      if (WG) ga.template compute_wg<NT>(acc, k0 + r, b, xcs + r * XREC, nsh);
+      else ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nsh);
       ga.load(base, k0 + r + 2 * U, b, v0, v1, n0, n1);
-      gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nsh);
+      if (WG) gb.template compute_wg<NT>(acc, k0 + r + U, b, xcs + (r + U) * XREC, nsh);
+      else gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nsh);
       gb.load(base, k0 + r + 3 * U, b, v0, v1, n0, n1);
     }
   }
+  if (WG) fence_acc(acc);  // the accumulators are read only after the last wgmma wait
   cp_async_wait<0>();
   __syncthreads();  // the X ring is free: it holds the warps' sums from here on
 
@@ -911,16 +950,21 @@ __global__ void __launch_bounds__(WARPS * 32, 2) w12_gemm_xs_kernel(
 }
 
 template <int NT>
-constexpr size_t xs_smem() {  // the X ring (the epilogue's [CH][MT] sums fit in it)
-  return (size_t)XS_STAGES * XS_CHUNK_BYTES;
+constexpr size_t xs_ring() {  // bytes of the X ring (the epilogue's [CH][MT] sums fit in it)
+  return (size_t)XS_STAGES * xs_chunk<NT>() * 8 * NT * 128;
 }
 
-template <int NT, bool VIEW, int WARPS, int U>
+template <int NT>
+constexpr size_t xs_smem() {  // the ring and the slack that aligns it to 1024 bytes
+  return 1024 + xs_ring<NT>();
+}
+
+template <int NT, bool VIEW, int WARPS, int U, bool WG>
 cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      int mfirst, cudaStream_t st) {
-  static_assert(16 * WARPS * 8 * NT * 4 <= XS_STAGES * XS_CHUNK_BYTES, "the sums fit in the X ring");
-  auto kern = w12_gemm_xs_kernel<NT, VIEW, WARPS, U>;
+                      int mfirst, void* xp, cudaStream_t st) {
+  static_assert(16 * WARPS * 8 * NT * 4 <= xs_ring<NT>(), "the sums fit in the X ring");
+  auto kern = w12_gemm_xs_kernel<NT, VIEW, WARPS, U, WG>;
   constexpr size_t smem = xs_smem<NT>();
   static bool set = false;
   if (!set) {
@@ -928,9 +972,18 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
     if (e != cudaSuccess) return e;
     set = true;
   }
+  const __nv_bfloat16* xk = (const __nv_bfloat16*)x;
+  int ldxk = ldx;
+  if (WG) {  // X in wgmma k order first (M · K / 2 words, a few µs at most)
+    const long words = (long)M * KB * 32;
+    w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
+                                                                               (__nv_bfloat16*)xp, M, KB * 64);
+    xk = (const __nv_bfloat16*)xp;
+    ldxk = KB * 64;
+  }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT);
   const dim3 grid = mfirst ? dim3(NB * (8 / WARPS) * mtiles, 1, split) : dim3(NB * (8 / WARPS), mtiles, split);
-  kern<<<grid, WARPS * 32, smem, st>>>((const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+  kern<<<grid, WARPS * 32, smem, st>>>((const __nv_bfloat16*)x, xk, ldxk, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
                                        (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
                                        (float*)ws, (int*)tickets, mtiles, mfirst);
   return cudaGetLastError();
@@ -1026,21 +1079,27 @@ extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const
   return (int)cudaErrorInvalidValue;
 }
 
-// The xs W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_xs_kernel above).  nt: X rows per CTA / 8 (2, 4, 8); warps: 4 or 8
-// (16·warps channels per CTA); unroll: records per pipeline stage per warp (1, 2); split: CTAs along K (split > 1
-// needs ws: fp32 [NB·8/warps · ceil(M / 8nt) · split · 16·warps · 8nt] and tickets: int32 zeros
-// [NB·8/warps · ceil(M / 8nt)], left at zero); mfirst: 1 = the M tiles of a channel block launched next to each
-// other.  Same tensors and preconditions as w12_gemv.
+// The xs W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_xs_kernel above).  wg: 0 = mma.sync, nt (X rows per CTA / 8) 2, 4
+// or 8, warps 4 or 8 (16·warps channels per CTA); 1 = wgmma, nt 4, 8 or 16, 8 warps (xp: bf16 [M, K] scratch for X in
+// wgmma k order, written first on the stream).  unroll: records per pipeline stage per warp (1, 2); split: CTAs
+// along K (split > 1 needs ws: fp32 [NB·8/warps · ceil(M / 8nt) · split · 16·warps · 8nt] and tickets: int32
+// zeros [NB·8/warps · ceil(M / 8nt)], left at zero); mfirst: 1 = the M tiles of a channel block launched next to
+// each other.  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                           int unroll, int split, void* ws, void* tickets, int mfirst, void* stream) {
+                           int unroll, int split, void* ws, void* tickets, int mfirst, int wg, void* xp, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-#define W12_XS(NTV, V, W, UU) \
-  if (nt == NTV && !!view == V && warps == W && unroll == UU) \
-    return launch_xs<NTV, V, W, UU>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, mfirst, st);
-#define W12_XS4(NTV, V) W12_XS(NTV, V, 4, 1) W12_XS(NTV, V, 4, 2) W12_XS(NTV, V, 8, 1) W12_XS(NTV, V, 8, 2)
+#define W12_XS(NTV, V, W, UU, G) \
+  if (nt == NTV && !!view == V && warps == W && unroll == UU && !!wg == G) \
+    return launch_xs<NTV, V, W, UU, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, \
+                                       mfirst, xp, st);
+#define W12_XS4(NTV, V) \
+  W12_XS(NTV, V, 4, 1, false) W12_XS(NTV, V, 4, 2, false) W12_XS(NTV, V, 8, 1, false) W12_XS(NTV, V, 8, 2, false)
   W12_XS4(2, false) W12_XS4(4, false) W12_XS4(8, false) W12_XS4(2, true) W12_XS4(4, true) W12_XS4(8, true)
+#define W12_XSG(NTV, V) W12_XS(NTV, V, 8, 1, true) W12_XS(NTV, V, 8, 2, true)
+  W12_XSG(4, false) W12_XSG(8, false) W12_XSG(16, false) W12_XSG(4, true) W12_XSG(8, true) W12_XSG(16, true)
+#undef W12_XSG
 #undef W12_XS4
 #undef W12_XS
   return (int)cudaErrorInvalidValue;
