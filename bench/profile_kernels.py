@@ -5,6 +5,7 @@
     ncu --import prof.ncu-rep --csv --page details > details.csv; ncu --import prof.ncu-rep --csv --page raw > raw.csv
     python bench/profile_kernels.py --summarize details.csv --raw raw.csv --names names.txt
 
+With W12_XS_TABLE=xs_table.py (bench/xs_configs.py) the xs kernel's config for the shape is profiled too.
 Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
 starts, then launched once inside cudaProfilerStart/Stop, in the order of VARIANTS (printed to stderr),
 so the n-th profiled kernel is the n-th variant.
@@ -51,6 +52,9 @@ def variants(cases=DEFAULT_CASES):
             if m > 8:
                 c = gc.pick_tc_config(m, n, k)
                 cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+            if (n, k, gc.xs_bucket(m)) in gc.XS_TABLE:  # the xs kernel where an XS_TABLE (W12_XS_TABLE) names one
+                c = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
+                cands.append((f"xs {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
             for name, fn in cands:
                 y = fn()
                 if "view" not in name:
