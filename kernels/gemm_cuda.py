@@ -307,8 +307,10 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | XsConfig | None = None):
-    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n]."""
+           config: CudaConfig | TcConfig | XsConfig | None = None, trace: torch.Tensor | None = None):
+    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
+    trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
+    TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
     m, k = x.shape
     nb, kb = records.shape[:2]
     assert records.dtype == torch.uint8 and records.shape[2] == 12288 and kb * 64 == k, "records vs K"
@@ -322,6 +324,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         kind = kernel_for(m, n, k)
         cfg = (pick_config(m, n, k, view) if kind == "skinny" else XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs"
                else pick_tc_config(m, n, k))
+    if trace is not None and not isinstance(cfg, CudaConfig):
+        raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, TcConfig):
@@ -339,6 +343,15 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), int(cfg.wg),
             _p(xp), stream)
+    elif trace is not None:
+        tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
+            raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
+                             f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
+        err = library().w12_gemv_trace(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

@@ -265,10 +265,26 @@ __device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int
   return true;
 }
 
+// TRACE (a diagnostic build of the same kernel, bench/trace_kernel.py): thread 0 of each CTA writes, to
+// g_trace[8 · CTA], (%globaltimer ns, clock64) at entry, after the main loop (the barrier after the last warp's last
+// record) and at its exit, then its SM; kept in shared memory until the exit, so that no register is held across
+// the loop.  TRACE = false adds nothing.
+__device__ unsigned long long* g_trace;
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
-template <int NT, bool VIEW, int WARPS, int U>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -285,6 +301,24 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ unsigned long long s_trace[TRACE ? 4 : 1];
+  auto trace = [&](int at) {  // at = 0 entry, 1 after the main loop, 2 exit
+    if (TRACE && tid == 0) {
+      const unsigned long long gt = globaltimer(), ck = clock64();
+      if (at < 2) {
+        s_trace[2 * at] = gt;
+        s_trace[2 * at + 1] = ck;
+        return;
+      }
+      unsigned long long* o = *(unsigned long long* volatile*)&g_trace +
+                              8 * (((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+      for (int i = 0; i < 4; ++i) o[i] = s_trace[i];
+      o[4] = gt;
+      o[5] = ck;
+      o[6] = smid();
+    }
+  };
+  trace(0);
   const int g = lane >> 2, t = lane & 3;
   const int v0 = g * 64 + 16 * t, v1 = v0 + 8 * 64;  // in-record byte offsets for r0 = 0
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -339,6 +373,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   }
   cp_async_wait_all();
   __syncthreads();
+  trace(1);
   const int mcount = min(MT, M - m0);
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4;
@@ -390,13 +425,16 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
       }
     }
   }
-  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last))
+  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+    trace(2);
     return;
+  }
   __syncthreads();
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
     if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
   }
+  trace(2);
 }
 
 // =================================================================================================
@@ -997,7 +1035,7 @@ struct Args {
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
 };
 
-template <int NT, bool VIEW, int WARPS, int U>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
@@ -1010,7 +1048,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
                             (int*)a.tickets);
@@ -1057,6 +1095,24 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
   Args a{};
   a.occupancy = blocks;
   return dispatch(a, view, nt, warps, unroll, nullptr);
+}
+
+// The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·
+// ceil(M / 8) · split), which gets each CTA's (globaltimer, clock64) at entry, loop end and exit, and its SM.
+extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                              const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int warps,
+                              int unroll, int split, void* ws, void* tickets, void* trace, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;
+  cudaError_t e = cudaMemcpyToSymbolAsync(g_trace, &trace, sizeof(trace), 0, cudaMemcpyHostToDevice, st);
+  if (e != cudaSuccess) return (int)e;
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0};
+#define W12_TR(V, W, UU) \
+  if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);
+  W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
+  W12_TR(true, 4, 1) W12_TR(true, 4, 2) W12_TR(true, 8, 1) W12_TR(true, 8, 2)
+#undef W12_TR
+  return (int)cudaErrorInvalidValue;
 }
 
 // The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);

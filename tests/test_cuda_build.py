@@ -143,7 +143,8 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
-@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemm_tc", "w12_gemm_xs"]),
+@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_tc",
+                                                       "w12_gemm_xs"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
