@@ -38,20 +38,21 @@ def one_launch(mt, x, view, cfg, trace, flush):
     torch.cuda.synchronize()
     traced(mt, x, view, cfg, trace)
     torch.cuda.synchronize()
-    t = trace.cpu().double()
+    t = trace.cpu()  # int64: differences first (a double holds ~1e18 ns only to ~256 ns)
     g0, c0, g1, c1, g2, c2, sm = (t[:, i] for i in range(7))
     start = g0.min()
-    entry = g0 - start
-    long = (g2 - g0) > 2000  # CTAs that ran > 2 µs: the globaltimer's step is small against them
-    clock_ghz = ((c2 - c0)[long] / (g2 - g0)[long]).median().item() if long.any() else 1.98
-    loop = (c1 - c0) / clock_ghz / 1e3
-    epi = (c2 - c1) / clock_ghz / 1e3
-    per_sm = torch.bincount(sm.long()).float()
+    entry = (g0 - start).double()
+    ran, cycles = (g2 - g0).double(), (c2 - c0).double()
+    long = ran > 2000  # CTAs that ran > 2 µs: the globaltimer's step is small against them
+    clock_ghz = (cycles[long] / ran[long]).median().item() if long.any() else 1.98
+    loop = (c1 - c0).double() / clock_ghz / 1e3
+    epi = (c2 - c1).double() / clock_ghz / 1e3
+    per_sm = torch.bincount(sm)
     return dict(span=(g2.max() - start).item() / 1e3, entry_med=entry.median().item() / 1e3,
                 entry_last=entry.max().item() / 1e3, loop_med=loop.median().item(), loop_max=loop.max().item(),
                 epi_med=epi.median().item(), epi_max=epi.max().item(), ctas_per_sm=per_sm[per_sm > 0].max().item(),
                 clock_ghz=clock_ghz,
-                tick=(g0.unique().diff().min().item() if g0.unique().numel() > 1 else float("nan")))
+                tick=(g0.unique().diff().min().item() if g0.unique().numel() > 1 else float("nan")))  # ns
 
 
 def main():

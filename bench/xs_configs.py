@@ -69,7 +69,7 @@ def identity_check() -> set:
     eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
     cands = [gc.XsConfig(nt, wp, u, s) for nt in (2, 4, 8) for wp in (4, 8) for u in (1, 2) for s in (1, 3)]
     cands += [gc.XsConfig(nt, 8, u, s, wg=True) for nt in (4, 8, 16) for u in (1, 2) for s in (1, 3)]
-    bad, checked = set(), 0
+    bad, checked, failed = set(), 0, 0
     for cfg in cands:
         print(f"  identity product: {cfg}", flush=True)
         for m in (8 * cfg.nt, 8 * cfg.nt - 3):  # a full M tile and a partial one
@@ -82,8 +82,9 @@ def identity_check() -> set:
             if fails:
                 print(f"FAIL identity product {cfg} M={m}: {', '.join(fails)}", flush=True)
                 bad.add(variant(cfg))
+                failed += 1
             checked += 1
-    print(f"identity product: {checked - len(bad)} of {checked} config × M cases bit-exact (W12 and view, "
+    print(f"identity product: {checked - failed} of {checked} config × M cases bit-exact (W12 and view, "
           f"{int(esc.sum())} escapes); failed variants: {sorted(bad) or 'none'}", flush=True)
     return bad
 
