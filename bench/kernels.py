@@ -162,6 +162,18 @@ def bench_clean(replay, n=60):
     return sorted(a.elapsed_time(b) for a, b in zip(st, en))[n // 2] * 1e3
 
 
+def sweep_cases(ms, seed0: int = 100):
+    """The config sweeps' common loop (bench/tc_configs.py, bench/xs_configs.py): for every SHAPES entry and M in
+    ms, (n, k, m, Mat, x, fp32 reference, cuBLAS BF16 µs); GPU memory released after each shape."""
+    for si, (n, k) in enumerate(SHAPES):
+        mt = Mat(n, k, seed0 + si)
+        wf = mt.w.float()
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            yield n, k, m, mt, x, x.float() @ wf.t(), bench(lambda: torch.matmul(x, mt.w.t()))
+        torch.cuda.empty_cache()
+
+
 def rel(y, ref):
     return ((y.float() - ref).abs().max() / ref.abs().max()).item()
 

@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import SHAPES, Mat, bench, rel  # noqa: E402  (bench/kernels.py)
+from kernels import bench, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -31,34 +31,27 @@ def main():
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     lines = []
-    for si, (n, k) in enumerate(SHAPES):
-        mt = Mat(n, k, 100 + si)
-        wf = mt.w.float()
-        for m in ms:
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            ref = x.float() @ wf.t()
-            t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
-            picked = gc.pick_tc_config(m, n, k)
-            res = {}
-            for split in (1, 2, 4, 8):
-                if split > k // 64:
-                    continue
-                cfg = gc.TcConfig(args.nt or picked.nt, split)
-                y = mt.run(x, cuda=cfg)
-                err = rel(y, ref)
-                assert err < 1e-2, f"{n}x{k} M={m} {cfg}: relative error {err:.2e}"
-                assert all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3)), f"{cfg} not deterministic"
-                res[split] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
-            best = min(res, key=res.get)
-            nt = args.nt or picked.nt
-            now = (f"{picked.split} ({t_cublas / res[picked.split]:.2f}×)" if nt == picked.nt
-                   else f"nt {picked.nt}, split {picked.split}")
-            row = (f"| {n}×{k} | {m} | {nt} | {t_cublas:.1f} | "
-                   + " | ".join(f"{res.get(s, float('nan')):.1f}" for s in (1, 2, 4, 8))
-                   + f" | {best} ({t_cublas / res[best]:.2f}×) | {now} |")
-            print(row, flush=True)
-            lines.append(row)
-        torch.cuda.empty_cache()
+    for n, k, m, mt, x, ref, t_cublas in sweep_cases(ms):
+        picked = gc.pick_tc_config(m, n, k)
+        res = {}
+        for split in (1, 2, 4, 8):
+            if split > k // 64:
+                continue
+            cfg = gc.TcConfig(args.nt or picked.nt, split)
+            y = mt.run(x, cuda=cfg)
+            err = rel(y, ref)
+            assert err < 1e-2, f"{n}x{k} M={m} {cfg}: relative error {err:.2e}"
+            assert all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3)), f"{cfg} not deterministic"
+            res[split] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
+        best = min(res, key=res.get)
+        nt = args.nt or picked.nt
+        now = (f"{picked.split} ({t_cublas / res[picked.split]:.2f}×)" if nt == picked.nt
+               else f"nt {picked.nt}, split {picked.split}")
+        row = (f"| {n}×{k} | {m} | {nt} | {t_cublas:.1f} | "
+               + " | ".join(f"{res.get(s, float('nan')):.1f}" for s in (1, 2, 4, 8))
+               + f" | {best} ({t_cublas / res[best]:.2f}×) | {now} |")
+        print(row, flush=True)
+        lines.append(row)
     text = "\n".join([
         f"# wgmma W12 kernel: split-K per shape and M — {datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",

@@ -12,7 +12,7 @@ registers) against what gemm_cuda dispatches today and cuBLAS BF16, every shape,
    determinism (the same bits over 3 runs), then timed as bench/kernels.py times (CUDA graph replay, do_bench,
    L2 flushed, median), beside cuBLAS (`torch.matmul`) and today's dispatch (gemm_cuda.launch's own choice).
    A variant that fails a check is reported and left out, not fatal (a crash names its variant in the line
-   printed before it).  Writes OUT/xs_configs.md (after every shape), OUT/xs_configs.json (every config's µs)
+   printed before it).  Writes OUT/xs_configs.md (after every case), OUT/xs_configs.json (every config's µs)
    and OUT/xs_table.py: the fastest xs config per (N, K, M) where it beats today's dispatch.
    W12_XS_TABLE=OUT/xs_table.py makes gemm_cuda dispatch to those (e.g. bench/kernels.py in the same GPU call).
 """
@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import SHAPES, Mat, bench, decode_gpu, encode_gpu, make_weight, rel  # noqa: E402  (bench/kernels.py)
+from kernels import Mat, bench, decode_gpu, encode_gpu, make_weight, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
 
 from w12.formats import reference as fmt  # noqa: E402
 from w12.kernels import gemm as g  # noqa: E402
@@ -98,47 +98,41 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     bad = identity_check()
     lines, best_of, raw = [], {}, []
-    for si, (n, k) in enumerate(SHAPES):
-        mt = Mat(n, k, 100 + si)
-        wf = mt.w.float()
-        for m in ms:
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            ref = x.float() @ wf.t()
-            t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
-            kind = gc.kernel_for(m, n, k)
-            t_now = bench(lambda: mt.op(x))
-            res, worst = {}, 0.0
-            for cfg in configs(m, k):
-                if variant(cfg) in bad:
-                    continue
-                y = mt.run(x, cuda=cfg)
-                err = rel(y, ref)
-                same = all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
-                if err >= 1e-2 or not same:
-                    print(f"FAIL {n}x{k} M={m} {cfg}: relative error {err:.2e}, deterministic {same}", flush=True)
-                    bad.add(variant(cfg))
-                    continue
-                worst = max(worst, err)
-                res[cfg] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
-            if not res:
-                print(f"| {n}×{k} | {m} | no xs config passed |", flush=True)
+    for n, k, m, mt, x, ref, t_cublas in sweep_cases(ms):
+        kind = gc.kernel_for(m, n, k)
+        t_now = bench(lambda: mt.op(x))
+        res, worst = {}, 0.0
+        for cfg in configs(m, k):
+            if variant(cfg) in bad:
                 continue
-            best = min(res, key=res.get)
-            if res[best] < t_now:  # XS_TABLE holds only where xs beats today's dispatch
-                best_of[(n, k, m)] = best
-            cols = []
-            for wg in (False, True):
-                mine = {c: t for c, t in res.items() if c.wg == wg}
-                c = min(mine, key=mine.get) if mine else None
-                cols.append(f"{name(c)}: {mine[c]:.1f} ({t_cublas / mine[c]:.2f}×)" if c else "—")
-            row = (f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | {cols[0]} | "
-                   f"{cols[1]} | {t_cublas / res[best]:.2f}× | {t_now / res[best]:.2f}× | {worst:.1e} |")
-            print(row, flush=True)
-            lines.append(row)
-            raw.append(dict(n=n, k=k, m=m, cublas=t_cublas, today=t_now, kind=kind,
-                            xs={repr(c): t for c, t in res.items()}))
-        torch.cuda.empty_cache()
-        write(args, lines, best_of, raw, bad)  # after every shape: a run cut short keeps what it measured
+            y = mt.run(x, cuda=cfg)
+            err = rel(y, ref)
+            same = all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
+            if err >= 1e-2 or not same:
+                print(f"FAIL {n}x{k} M={m} {cfg}: relative error {err:.2e}, deterministic {same}", flush=True)
+                bad.add(variant(cfg))
+                continue
+            worst = max(worst, err)
+            res[cfg] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
+        if not res:
+            print(f"| {n}×{k} | {m} | no xs config passed |", flush=True)
+            continue
+        best = min(res, key=res.get)
+        if res[best] < t_now:  # XS_TABLE holds only where xs beats today's dispatch
+            best_of[(n, k, m)] = best
+        cols = []
+        for wg in (False, True):
+            mine = {c: t for c, t in res.items() if c.wg == wg}
+            c = min(mine, key=mine.get) if mine else None
+            cols.append(f"{name(c)}: {mine[c]:.1f} ({t_cublas / mine[c]:.2f}×)" if c else "—")
+        row = (f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | {cols[0]} | "
+               f"{cols[1]} | {t_cublas / res[best]:.2f}× | {t_now / res[best]:.2f}× | {worst:.1e} |")
+        print(row, flush=True)
+        lines.append(row)
+        raw.append(dict(n=n, k=k, m=m, cublas=t_cublas, today=t_now, kind=kind,
+                        xs={repr(c): t for c, t in res.items()}))
+        write(args, lines, best_of, raw, bad)  # after every case: a run cut short keeps what it measured
+    write(args, lines, best_of, raw, bad)
     print(open(os.path.join(args.out, "xs_configs.md")).read())
 
 

@@ -281,6 +281,21 @@ __device__ __forceinline__ unsigned smid() {
   return s;
 }
 
+// The end of a CTA that owns CH channels (rows n0 .. of y) × mcount X rows of a tile whose sums are cta_red
+// [CH][MT]: with S > 1 the split-K reduction (splitk_last4; false for every CTA but the tile's last), then the
+// bf16 store, consecutive threads at consecutive n.
+template <int CH, int MT, int THREADS>
+__device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int S, int* s_last,
+                                            __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
+  if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
+    return;
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < CH * mcount; idx += THREADS) {
+    const int r = idx % CH, m = idx / CH, n = n0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[r * MT + m]);
+  }
+}
+
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
@@ -723,15 +738,9 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
       __syncwarp();
     }
   }
-  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-  float* cta_red = reinterpret_cast<float*>(xs);  // [TC_CH][MT]: row 16w + r
-  if (S > 1 && !splitk_last4(cta_red, TC_CH * MT, ws + (size_t)tile * S * TC_CH * MT, S, blockIdx.z, tickets + tile, &s_last))
-    return;
-  __syncthreads();
-  for (int idx = tid; idx < TC_CH * mcount; idx += TC_THREADS) {
-    const int r = idx % TC_CH, m = idx / TC_CH, n = nb * 128 + r0 + r;  // consecutive threads: consecutive n
-    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[r * MT + m]);
-  }
+  // [TC_CH][MT]: row 16w + r
+  finish_tile<TC_CH, MT, TC_THREADS>(reinterpret_cast<float*>(xs), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x, S,
+                                     &s_last, y, ldy, N, nb * 128 + r0, m0, mcount);
 }
 
 // ring depth: as deep as two CTAs per SM allow (the W bytes in flight are what M ≤ 32 needs)
@@ -976,15 +985,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kern
         red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
     }
   }
-  const int tile = cx * mtiles + mb;
-  float* cta_red = reinterpret_cast<float*>(xsm);  // [CH][MT]
-  if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, &s_last))
-    return;
-  __syncthreads();
-  for (int idx = tid; idx < CH * mcount; idx += THREADS) {
-    const int r = idx % CH, m = idx / CH, n = nb * 128 + rc + r;  // consecutive threads: consecutive n
-    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[r * MT + m]);
-  }
+  finish_tile<CH, MT, THREADS>(reinterpret_cast<float*>(xsm), ws, tickets, cx * mtiles + mb, S, &s_last, y, ldy, N,
+                               nb * 128 + rc, m0, mcount);
 }
 
 template <int NT>
