@@ -34,16 +34,18 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
 def configs(m: int, k: int, splits=(1, 2, 4, 8)):
-    """The candidates at M: mma.sync with the smallest nt that holds M (else 8), warps 4/8, unroll 1/2, split, and
+    """The candidates at M (from gemm_cuda.XS_VARIANTS): mma.sync with the smallest nt that holds M (else 8), and
     with more than one M tile also the launch order with a channel block's M tiles next to each other (mfirst);
-    from M = 17 on, wgmma with the smallest nt of 4/8/16 that holds M, 8 warps, unroll 1/2, split."""
-    nt = next((v for v in (2, 4, 8) if m <= 8 * v), 8)
-    orders = (False, True) if m > 8 * nt else (False,)
-    out = [gc.XsConfig(nt, w, u, s, o) for w in (4, 8) for u in (1, 2) for s in splits if s <= k // 64
-           for o in orders]
-    if m > 16:
-        ntg = next(v for v in (4, 8, 16) if m <= 8 * v)
-        out += [gc.XsConfig(ntg, 8, u, s, wg=True) for u in (1, 2) for s in splits if s <= k // 64]
+    from M = 17 on, wgmma with the smallest nt that holds M; every split of `splits` up to K / 64."""
+    out = []
+    for wg in (False, True):
+        nts = sorted({v[0] for v in gc.XS_VARIANTS if v[3] == wg})
+        nt = next((v for v in nts if m <= 8 * v), nts[-1])
+        if wg and m <= 16:
+            continue
+        orders = (False, True) if m > 8 * nt else (False,)
+        out += [gc.XsConfig(nt, w, u, s, o, wg) for (vnt, w, u, vwg) in gc.XS_VARIANTS if (vnt, vwg) == (nt, wg)
+                for s in splits if s <= k // 64 for o in orders]
     return out
 
 
@@ -67,14 +69,19 @@ def identity_check() -> set:
     esc[rows.cuda(), cols.cuda()] = True
     wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
     eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
-    cands = [gc.XsConfig(nt, wp, u, s) for nt in (2, 4, 8) for wp in (4, 8) for u in (1, 2) for s in (1, 3)]
-    cands += [gc.XsConfig(nt, 8, u, s, wg=True) for nt in (4, 8, 16) for u in (1, 2) for s in (1, 3)]
+    cands = [gc.XsConfig(nt, w, u, s, wg=wg) for nt, w, u, wg in gc.XS_VARIANTS for s in (1, 3)]
     bad, checked, failed = set(), 0, 0
     for cfg in cands:
         print(f"  identity product: {cfg}", flush=True)
         for m in (8 * cfg.nt, 8 * cfg.nt - 3):  # a full M tile and a partial one
-            yt = torch.cat([mt.run(eye[i:i + m], cuda=cfg) for i in range(0, k, m)]).t()
-            yq = torch.cat([mt.run(eye[i:i + m], view=True, cuda=cfg) for i in range(0, k, m)]).t()
+            try:
+                yt = torch.cat([mt.run(eye[i:i + m], cuda=cfg) for i in range(0, k, m)]).t()
+                yq = torch.cat([mt.run(eye[i:i + m], view=True, cuda=cfg) for i in range(0, k, m)]).t()
+            except RuntimeError as e:  # a launch error (an illegal access would end the process instead)
+                print(f"FAIL identity product {cfg} M={m}: {e}", flush=True)
+                bad.add(variant(cfg))
+                failed, checked = failed + 1, checked + 1
+                continue
             fails = [what for what, ok in (
                 ("decode", torch.equal(yt.view(torch.int16)[~esc], w.view(torch.int16)[~esc])),
                 ("escapes", torch.allclose(yt[esc].float(), w[esc].float(), rtol=2**-8, atol=1e-6)),
@@ -105,7 +112,12 @@ def main():
         for cfg in configs(m, k):
             if variant(cfg) in bad:
                 continue
-            y = mt.run(x, cuda=cfg)
+            try:
+                y = mt.run(x, cuda=cfg)
+            except RuntimeError as e:
+                print(f"FAIL {n}x{k} M={m} {cfg}: {e}", flush=True)
+                bad.add(variant(cfg))
+                continue
             err = rel(y, ref)
             same = all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
             if err >= 1e-2 or not same:

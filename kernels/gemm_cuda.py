@@ -57,6 +57,11 @@ class XsConfig:
     wg: bool = False  # wgmma instead of mma.sync (X put in wgmma k order first, as for the tensor-core kernel)
 
 
+# The xs kernel's compiled variants (nt, warps, unroll, wg) (w12_gemv.cu w12_gemm_xs; split and mfirst are launch
+# arguments): mma.sync nt 2/4/8 with 4 or 8 warps, wgmma nt 4/8/16 with 8 warps; unroll 1 or 2.
+XS_VARIANTS = (tuple((nt, w, u, False) for nt in (2, 4, 8) for w in (4, 8) for u in (1, 2))
+               + tuple((nt, 8, u, True) for nt in (4, 8, 16) for u in (1, 2)))
+
 # (N, K, M bucket) -> XsConfig: shapes and M buckets (XS_BUCKETS) where the xs kernel measured faster than the
 # skinny / wgmma choice below (bench/xs_configs.py writes the entries; none measured yet).
 XS_TABLE: dict = {}

@@ -157,6 +157,37 @@ def test_cu_compiles(tmp_path, name, symbols):
     ctypes.CDLL(str(lib))  # loads (static CUDA runtime, no GPU needed to load)
 
 
+@pytest.mark.skipif(cuda_build.nvcc_path() is None or torch.cuda.is_available(),
+                    reason="needs nvcc, and no GPU: there the calls below would launch")
+def test_configs_name_compiled_kernels(tmp_path):
+    """Every config the host side can choose names a kernel that w12_gemv.cu compiles.  Without a GPU a compiled
+    variant gets as far as the CUDA runtime and fails there; a variant that is not compiled returns
+    cudaErrorInvalidValue (1) from the dispatcher."""
+    lib = ctypes.CDLL(str(cuda_build.build("w12_gemv", out_dir=tmp_path)))
+    p = None  # no tensors: nothing is launched without a GPU
+
+    def skinny(c, view):
+        return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p)
+
+    def tc(nt, view):
+        return lib.w12_gemm_tc(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, 1, p, p, p, p)
+
+    def xs(nt, warps, unroll, wg, view):
+        return lib.w12_gemm_xs(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, warps, unroll, 1, p, p, 0, int(wg),
+                               p, p)
+
+    shapes = [(n, k) for n, k, _, _ in gc.TABLE] + [(512, 8192), (999 * 128, 4096), (3072, 4096)]
+    skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
+                                            for m in (1, 8, 16, 32, 64) for v in (False, True)}
+    assert all(skinny(c, v) not in (0, 1) for c in skinny_cfgs for v in (0, 1))
+    tc_nts = {gc.pick_tc_config(m, n, k).nt for n, k in shapes for m in (9, 17, 33, 65, 128)}
+    assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
+    assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
+    # and the dispatchers do refuse what they do not compile
+    assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
+    assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
+
+
 @pytest.mark.parametrize("env, expected", [({}, False), ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, True),
                                            ({"TORCHINDUCTOR_ENABLE_PDL": "1", "W12_PDL": "0"}, False),
                                            ({"W12_PDL": "1"}, True)])
