@@ -348,21 +348,20 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), int(cfg.wg),
             _p(xp), stream)
-    elif trace is not None:
-        tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-        if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
-            raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
-                             f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
-        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
-        err = library().w12_gemv_trace(
-            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
-        err = library().w12_gemv(
-            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+        if trace is None:
+            err = library().w12_gemv(
+                _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+        else:
+            if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
+                raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
+                                 f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
+            err = library().w12_gemv_trace(
+                _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+                int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y
