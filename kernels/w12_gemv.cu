@@ -281,6 +281,21 @@ __device__ __forceinline__ unsigned smid() {
   return s;
 }
 
+// A warp's MMA accumulators (the m16n8 / wgmma D layout: rows g and g + 8, columns 8j + 2t, +1) into its
+// [16][8·NT] fp32 block red of shared memory, then __syncwarp.
+template <int NT>
+__device__ __forceinline__ void store_acc(float* red, const float (&acc)[NT][4], int g, int t) {
+  constexpr int MT = 8 * NT;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[g * MT + 8 * j + 2 * t] = acc[j][0];
+    red[g * MT + 8 * j + 2 * t + 1] = acc[j][1];
+    red[(g + 8) * MT + 8 * j + 2 * t] = acc[j][2];
+    red[(g + 8) * MT + 8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncwarp();
+}
+
 // The end of a CTA that owns CH channels (rows n0 .. of y) × mcount X rows of a tile whose sums are cta_red
 // [CH][MT]: with S > 1 the split-K reduction (splitk_last4; false for every CTA but the tile's last), then the
 // bf16 store, consecutive threads at consecutive n.
@@ -713,14 +728,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
 
   // ---- epilogue: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP), per warp; split K; store
   float* red = reinterpret_cast<float*>(xs) + warp * 16 * MT;  // [16][MT] of this warp (the X and W rings)
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    red[g * MT + 8 * j + 2 * t] = acc[j][0];
-    red[g * MT + 8 * j + 2 * t + 1] = acc[j][1];
-    red[(g + 8) * MT + 8 * j + 2 * t] = acc[j][2];
-    red[(g + 8) * MT + 8 * j + 2 * t + 1] = acc[j][3];
-  }
-  __syncwarp();
+  store_acc<NT>(red, acc, g, t);
   const int mcount = min(MT, M - m0);
   for (int idx = lane; idx < 16 * MT; idx += 32) {
     const int r = idx / MT;
@@ -962,14 +970,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kern
 
   // ---- epilogue: this warp's 16 × MT sums, scaled by 2^(E_n − 127) (exact), plus its escapes in list order
   float* red = reinterpret_cast<float*>(xsm) + warp * 16 * MT;  // [16][MT]: rows rw + r of the CTA's [CH][MT]
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    red[g * MT + 8 * j + 2 * t] = acc[j][0];
-    red[g * MT + 8 * j + 2 * t + 1] = acc[j][1];
-    red[(g + 8) * MT + 8 * j + 2 * t] = acc[j][2];
-    red[(g + 8) * MT + 8 * j + 2 * t + 1] = acc[j][3];
-  }
-  __syncwarp();
+  store_acc<NT>(red, acc, g, t);
   const int mcount = min(MT, M - m0);
   for (int idx = lane; idx < 16 * MT; idx += 32)
     red[idx] *= __int_as_float((int)__ldg(expo + nb * 128 + rw + idx / MT) << 23);
