@@ -11,8 +11,8 @@ registers) against what gemm_cuda dispatches today and cuBLAS BF16, every shape,
    checked against the reference (decoded weights, fp32 matmul: relative ∞-norm error < 1e-2) and for
    determinism (the same bits over 3 runs), then timed as bench/kernels.py times (CUDA graph replay, do_bench,
    L2 flushed, median), beside cuBLAS (`torch.matmul`) and today's dispatch (gemm_cuda.launch's own choice).
-   A variant that fails a check is reported and left out, not fatal (a crash names its variant in the line
-   printed before it).  Writes OUT/xs_configs.md (after every case), OUT/xs_configs.json (every config's µs)
+   A variant that fails a check is reported and left out, not fatal (part 1 runs each variant in its own
+   process, so an illegal access only disqualifies its variant).  Writes OUT/xs_configs.md (after every case), OUT/xs_configs.json (every config's µs)
    and OUT/xs_table.py: the fastest xs config per (N, K, M) where it beats today's dispatch.
    W12_XS_TABLE=OUT/xs_table.py makes gemm_cuda dispatch to those (e.g. bench/kernels.py in the same GPU call).
 """
@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import subprocess
 import sys
 
 import torch
@@ -54,9 +55,9 @@ def variant(c) -> tuple:
     return c.nt, c.warps, c.unroll, c.wg
 
 
-def identity_check() -> set:
-    """Part 1: decoded weights through the xs kernel, bit for bit.  Returns the variants that failed (printed);
-    a crash names its variant in the line printed before it."""
+def identity_check(variants) -> set:
+    """Part 1 for the variants (nt, warps, unroll, wg) given: decoded weights through the xs kernel, bit for bit.
+    Returns the variants that failed (printed)."""
     n, k = 300, 1024
     w = make_weight(n, k, 3)
     w.view(-1)[::997] = torch.tensor(100.0, dtype=torch.bfloat16)  # out-of-window weights: escapes
@@ -69,18 +70,16 @@ def identity_check() -> set:
     esc[rows.cuda(), cols.cuda()] = True
     wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
     eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
-    cands = [gc.XsConfig(nt, w, u, s, wg=wg) for nt, w, u, wg in gc.XS_VARIANTS for s in (1, 3)]
-    bad, checked, failed = set(), 0, 0
+    cands = [gc.XsConfig(nt, w, u, s, wg=wg) for nt, w, u, wg in variants for s in (1, 3)]
+    bad = set()
     for cfg in cands:
-        print(f"  identity product: {cfg}", flush=True)
         for m in (8 * cfg.nt, 8 * cfg.nt - 3):  # a full M tile and a partial one
             try:
                 yt = torch.cat([mt.run(eye[i:i + m], cuda=cfg) for i in range(0, k, m)]).t()
                 yq = torch.cat([mt.run(eye[i:i + m], view=True, cuda=cfg) for i in range(0, k, m)]).t()
-            except RuntimeError as e:  # a launch error (an illegal access would end the process instead)
+            except RuntimeError as e:  # a launch error
                 print(f"FAIL identity product {cfg} M={m}: {e}", flush=True)
                 bad.add(variant(cfg))
-                failed, checked = failed + 1, checked + 1
                 continue
             fails = [what for what, ok in (
                 ("decode", torch.equal(yt.view(torch.int16)[~esc], w.view(torch.int16)[~esc])),
@@ -89,10 +88,25 @@ def identity_check() -> set:
             if fails:
                 print(f"FAIL identity product {cfg} M={m}: {', '.join(fails)}", flush=True)
                 bad.add(variant(cfg))
-                failed += 1
-            checked += 1
-    print(f"identity product: {checked - failed} of {checked} config × M cases bit-exact (W12 and view, "
-          f"{int(esc.sum())} escapes); failed variants: {sorted(bad) or 'none'}", flush=True)
+    return bad
+
+
+def identity_check_isolated() -> set:
+    """Part 1 with every variant in its own process, all at once: an illegal access (which ends a CUDA process)
+    then only disqualifies its own variant.  Returns the variants that failed or crashed."""
+    procs = {v: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--identity", ",".join(map(str, v))],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for v in gc.XS_VARIANTS}
+    bad = set()
+    for v, p in procs.items():
+        out = p.communicate()[0]
+        if p.returncode != 0:
+            tail = " | ".join(out.strip().splitlines()[-3:])
+            print(f"FAIL identity product, variant {v}: exit {p.returncode}: {tail}", flush=True)
+            bad.add(v)
+    ok = len(procs) - len(bad)
+    print(f"identity product: {ok} of {len(procs)} variants bit-exact (W12 and view, escapes, full and partial M "
+          f"tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
     return bad
 
 
@@ -100,10 +114,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="16,32,48,64,128")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--identity", help="only part 1 for one variant nt,warps,unroll,wg (exit 1 if it fails)")
     args = ap.parse_args()
+    if args.identity:
+        nt, w, u, wg = args.identity.split(",")
+        sys.exit(1 if identity_check([(int(nt), int(w), int(u), wg == "True")]) else 0)
     ms = [int(v) for v in args.ms.split(",")]
     torch.backends.cuda.matmul.allow_tf32 = False
-    bad = identity_check()
+    bad = identity_check_isolated()
     lines, best_of, raw = [], {}, []
     for n, k, m, mt, x, ref, t_cublas in sweep_cases(ms):
         kind = gc.kernel_for(m, n, k)
