@@ -62,9 +62,43 @@ class XsConfig:
 XS_VARIANTS = (tuple((nt, w, u, False) for nt in (2, 4, 8) for w in (4, 8) for u in (1, 2))
                + tuple((nt, 8, u, True) for nt in (4, 8, 16) for u in (1, 2)))
 
-# (N, K, M bucket) -> XsConfig: shapes and M buckets (XS_BUCKETS) where the xs kernel measured faster than the
-# skinny / wgmma choice below (bench/xs_configs.py writes the entries; none measured yet).
-XS_TABLE: dict = {}
+# (N, K, M bucket) -> XsConfig(nt, warps, unroll, split, mfirst, wg): shapes and M buckets (XS_BUCKETS) where the
+# xs kernel measured at least 3 % faster than kernel_for's skinny / wgmma choice (bench/xs_configs.py,
+# 2026-12-02-xs-configs-h200-s12.md; up to 1.30× at M = 128 on the LM heads, 1.03–1.17× elsewhere).
+Xs = XsConfig
+XS_TABLE: dict = {
+    (6144, 4096, 128): Xs(16, 8, 2, 2, False, True),
+    (4096, 4096, 128): Xs(8, 4, 2, 2, True, False),
+    (28672, 4096, 32): Xs(4, 8, 1, 1, False, False),
+    (28672, 4096, 48): Xs(8, 8, 1, 1, False, True),
+    (28672, 4096, 64): Xs(8, 8, 1, 1, False, True),
+    (28672, 4096, 128): Xs(16, 8, 2, 1, False, True),
+    (4096, 14336, 32): Xs(4, 8, 1, 8, False, False),
+    (4096, 14336, 48): Xs(8, 8, 1, 8, False, False),
+    (4096, 14336, 128): Xs(16, 8, 2, 4, False, True),
+    (128256, 4096, 16): Xs(2, 8, 1, 1, False, False),
+    (128256, 4096, 32): Xs(4, 8, 1, 1, False, True),
+    (128256, 4096, 48): Xs(8, 8, 1, 1, False, True),
+    (128256, 4096, 64): Xs(8, 8, 1, 1, False, True),
+    (128256, 4096, 128): Xs(16, 8, 2, 1, False, True),
+    (10240, 5120, 32): Xs(4, 8, 1, 8, False, False),
+    (10240, 5120, 48): Xs(8, 8, 1, 8, False, True),
+    (10240, 5120, 128): Xs(16, 8, 2, 1, False, True),
+    (5120, 8192, 128): Xs(16, 8, 2, 2, False, True),
+    (51200, 5120, 32): Xs(4, 8, 1, 2, False, True),
+    (51200, 5120, 48): Xs(8, 8, 1, 2, False, True),
+    (51200, 5120, 64): Xs(8, 8, 1, 2, False, True),
+    (51200, 5120, 128): Xs(16, 8, 2, 1, False, True),
+    (5120, 25600, 32): Xs(4, 8, 1, 8, False, False),
+    (5120, 25600, 48): Xs(8, 8, 1, 8, False, True),
+    (5120, 25600, 64): Xs(8, 8, 1, 8, False, True),
+    (5120, 25600, 128): Xs(16, 8, 2, 8, False, True),
+    (151936, 5120, 16): Xs(2, 8, 1, 1, False, False),
+    (151936, 5120, 32): Xs(4, 8, 1, 1, False, True),
+    (151936, 5120, 48): Xs(8, 8, 1, 1, False, True),
+    (151936, 5120, 64): Xs(8, 8, 1, 1, False, True),
+    (151936, 5120, 128): Xs(16, 8, 2, 1, False, True),
+}
 XS_BUCKETS = (16, 32, 48, 64, 128)
 
 
@@ -74,7 +108,8 @@ def xs_bucket(m: int) -> int | None:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "xs" where XS_TABLE holds a measured config, else
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "xs" where XS_TABLE holds a measured config (31 of the 50
+    (shape, M bucket) pairs of 9–128, 2026-12-02-xs-configs-h200-s12.md), else
     "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
     (do_bench, the skinny configs of TABLE and the splits of TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
       M ≤ 16: skinny;  17–32: wgmma for the LM heads (N ≥ 100 000) and 28672×4096, else skinny (51200×5120

@@ -1107,8 +1107,14 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
                               int unroll, int split, void* ws, void* tickets, void* trace, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;
-  cudaError_t e = cudaMemcpyToSymbolAsync(g_trace, &trace, sizeof(trace), 0, cudaMemcpyHostToDevice, st);
-  if (e != cudaSuccess) return (int)e;
+  // g_trace is set only when the buffer changes: a copy from this stack frame captured into a CUDA graph would read
+  // a dead host address on replay, so a graph replays the launches of a buffer set before the capture.
+  static void* current = nullptr;
+  if (trace != current) {
+    cudaError_t e = cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace));
+    if (e != cudaSuccess) return (int)e;
+    current = trace;
+  }
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0};
 #define W12_TR(V, W, UU) \
   if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);

@@ -25,12 +25,16 @@ def test_table_hit_and_rule():
     assert gc.pick_config(40, 999 * 128, 4096).nt == 8
 
 
-def test_kernel_choice():
-    """Skinny kernel up to 16 rows and for narrow matrices; the wgmma tensor-core kernel from 17 rows on the LM
-    heads and 28672×4096 and from 33 rows from 20 M weights (where each measured faster); nt covers M, split
-    comes from the measured TC_SPLIT, else fills the GPU and stays ≤ 8 (the split-K reduction keeps at most 8
-    partials in flight)."""
+def test_kernel_choice(monkeypatch):
+    """The xs kernel where XS_TABLE measured it faster; elsewhere the skinny kernel up to 16 rows and for narrow
+    matrices, the wgmma tensor-core kernel from 17 rows on the LM heads and 28672×4096 and from 33 rows from 20 M
+    weights (where each measured faster); nt covers M, split comes from the measured TC_SPLIT, else fills the GPU
+    and stays ≤ 8 (the split-K reduction keeps at most 8 partials in flight)."""
     kf = gc.kernel_for
+    assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "xs"
+    assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == "xs"
+    assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == "skinny" and kf(64, 6144, 4096) == "wgmma"
+    monkeypatch.setattr(gc, "XS_TABLE", {})  # the rule below the table
     assert kf(1, 151936, 5120) == kf(16, 151936, 5120) == kf(32, 14336, 4096) == "skinny"
     assert kf(64, 4096, 4096) == "skinny" and kf(48, 4096, 4096) == "skinny"
     assert kf(32, 51200, 5120) == kf(32, 5120, 25600) == "skinny"
@@ -68,6 +72,9 @@ def test_xs_table_dispatch(tmp_path, monkeypatch):
     kernel; M maps to the smallest measured bucket that holds it; every other call keeps its kernel."""
     assert [gc.xs_bucket(m) for m in (1, 8, 9, 16, 17, 40, 48, 49, 64, 65, 128, 129)] == \
         [None, None, 16, 16, 32, 48, 48, 64, 64, 128, 128, None]
+    # every measured entry is a compiled variant, its split at most K / 64 and 8 (M tiles: a grid dimension)
+    assert all((c.nt, c.warps, c.unroll, c.wg) in gc.XS_VARIANTS and c.split <= min(8, k // 64)
+               for (n, k, b), c in gc.XS_TABLE.items())
     p = tmp_path / "xs_table.py"
     p.write_text("XS_TABLE = {\n    (6144, 4096, 32): XsConfig(nt=4, warps=8, unroll=1, split=4, mfirst=False),\n"
                  "    (6144, 4096, 128): XsConfig(8, 8, 1, 2, True),\n}\n")
@@ -183,6 +190,7 @@ def test_configs_name_compiled_kernels(tmp_path):
     tc_nts = {gc.pick_tc_config(m, n, k).nt for n, k in shapes for m in (9, 17, 33, 65, 128)}
     assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
     assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
+    assert all(xs(c.nt, c.warps, c.unroll, c.wg, v) not in (0, 1) for c in gc.XS_TABLE.values() for v in (0, 1))
     # and the dispatchers do refuse what they do not compile
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
