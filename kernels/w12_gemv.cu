@@ -1030,6 +1030,165 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
   return cudaGetLastError();
 }
 
+// =================================================================================================
+// The bulk-record W12 GEMV (w12_gemv_bk_kernel, M ≤ 8).  CTA (nb, z) = the 128 channels of record row nb × the
+// records [a, b) of split z.  One producer thread keeps STAGES whole records in flight: each record's 12 KB (the
+// view: its 8 KB of view bytes) and X's 128-byte rows of the record (rows < M; rows ≥ M stay zero) arrive by
+// cp.async.bulk in a shared-memory ring, counted in bytes on the slot's full barrier.  Consumer warp w decodes
+// rows 16w..16w+15 of each record from shared memory (the skinny kernel's lane layout and MMAs) and arrives on
+// the slot's empty barrier; the producer refills a slot once all 8 warps have left it.  Large copies of
+// contiguous records, as cuBLAS streams its BF16 tiles with TMA, instead of 16-byte loads held in registers: at
+// M = 1 ncu shows the skinny kernel reading its bytes 5–30 % slower than cuBLAS reads its own
+// (2026-12-02-kernels-ncu-m1-h200-s12.md).
+// Epilogue per warp: acc · 2^(E_n − 127), then its tile's escapes of [a, b) in list order (32 entries per round,
+// broadcast by shuffles; lane owns row lane % 16 and X rows lane / 16 + 2q), then split K over the CTA's
+// 128 × 8 tile (splitk_last4) and the store.
+constexpr int BK_WARPS = 8, BK_THREADS = (BK_WARPS + 1) * 32, BK_SLOT = REC + 8 * 128;
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P;\nW12_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+      "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+template <bool VIEW, int STAGES>
+__global__ void __launch_bounds__(BK_THREADS) w12_gemv_bk_kernel(
+    const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
+    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+  constexpr int MT = 8, CH = 16 * BK_WARPS;
+  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
+  extern __shared__ __align__(128) uint8_t ring[];  // [STAGES][BK_SLOT]: a record, then X rows 0..7 of it
+  __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+  __shared__ int s_last;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nb = blockIdx.x, S = gridDim.z, kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a, mv = min(M, MT);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], BK_WARPS);
+    }
+    mbar_init_fence();
+  }
+  for (int i = tid; i < STAGES * (MT - mv) * 8; i += BK_THREADS) {  // X rows ≥ M: zero in every slot, once
+    const int s = i / ((MT - mv) * 8), q = i % ((MT - mv) * 8);
+    *reinterpret_cast<uint4*>(ring + s * BK_SLOT + REC + mv * 128 + 16 * q) = make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();
+
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  const int g = lane >> 2, t = lane & 3, r0 = 16 * (warp % BK_WARPS);
+  if (warp == BK_WARPS) {  // ---- producer: record a + i into slot i % STAGES once its previous use is done
+    if (lane == 0) {
+      const uint8_t* src = rec + ((size_t)nb * KB + a) * REC;
+      for (int i = 0; i < nrec; ++i) {
+        const int s = i % STAGES;
+        if (i >= STAGES) mbar_wait(&empty[s], ((i / STAGES) - 1) & 1);
+        uint8_t* d = ring + s * BK_SLOT;
+        mbar_expect(&full[s], WBYTES + 128 * mv);
+        bulk_g2s(d, src + (size_t)i * REC, WBYTES, &full[s]);
+        for (int m = 0; m < mv; ++m) bulk_g2s(d + REC + 128 * m, x + (size_t)m * ldx + (size_t)(a + i) * 64, 128, &full[s]);
+      }
+    }
+  } else {  // ---- consumers: rows r0 + g, r0 + g + 8, columns 16t..16t+15 (as the skinny kernel)
+    const int v0 = (r0 + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = VIEW_BYTES + (r0 + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+    const int nsh = (t >> 1) * 4, xo = REC + g * 128 + 32 * t;
+    for (int i = 0; i < nrec; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(&full[s], (i / STAGES) & 1);
+      const uint8_t* d = ring + s * BK_SLOT;
+      const uint4 va = lds128(d + v0), vb = lds128(d + v1);
+      const uint4 na = VIEW ? make_uint4(0, 0, 0, 0) : lds128(d + n0), nw = VIEW ? make_uint4(0, 0, 0, 0) : lds128(d + n1);
+      const uint4 ya[1] = {lds128(d + xo)}, yb[1] = {lds128(d + xo + 16)};
+      record_mma<1, VIEW>(acc, va, vb, na, nw, ya, yb, nsh);
+      __syncwarp();  // every lane's reads of the slot are done (their results fed the MMAs)
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
+  }
+  __syncthreads();  // every copy landed and was read: the ring holds the sums [CH][MT] from here on
+
+  float* red = reinterpret_cast<float*>(ring);
+  if (warp < BK_WARPS) {
+    float* rw = red + r0 * MT;  // this warp's [16][MT]
+    store_acc<1>(rw, acc, g, t);
+    for (int idx = lane; idx < 16 * MT; idx += 32)
+      rw[idx] *= __int_as_float((int)__ldg(expo + nb * 128 + r0 + idx / MT) << 23);  // 2^(E_n − 127), exact
+    __syncwarp();
+    if (!VIEW) {  // y[m, row] += x[m, col] · (w − 2^(E_n − 142)) in list order, 32 entries per round
+      const long c = (long)nb * 8 + warp;
+      const int e_lo = __ldg(toff + c * KB + a), e_hi = __ldg(toff + c * KB + b), r = lane & 15;
+      float out[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) out[q] = rw[r * MT + (lane >> 4) + 2 * q];
+      for (int e0 = e_lo; e0 < e_hi; e0 += 32) {
+        int rl = -1;
+        float dl = 0.f, xl[MT];
+        if (e0 + lane < e_hi) {
+          const uint32_t w0 = (uint32_t)__ldg(tent + 2 * (long)(e0 + lane)), w1 = (uint32_t)__ldg(tent + 2 * (long)(e0 + lane) + 1);
+          rl = (int)(w0 >> 24);
+          const int col = (int)(w0 & 0xFFFFFFu);
+          dl = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w1 & 0xFFFFu))) -
+               __int_as_float(((int)__ldg(expo + nb * 128 + r0 + rl) - 15) << 23);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) xl[m] = m < mv ? __bfloat162float(x[(size_t)m * ldx + col]) : 0.f;
+        }
+        const int cnt = min(32, e_hi - e0);
+        for (int j = 0; j < cnt; ++j) {
+          const int rj = __shfl_sync(0xffffffffu, rl, j);
+          const float dj = __shfl_sync(0xffffffffu, dl, j);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (2 * q < mv) {  // uniform: X row 2q exists (lanes 0–15 take row 2q, lanes 16–31 row 2q + 1)
+              const float x0 = __shfl_sync(0xffffffffu, xl[2 * q], j), x1 = __shfl_sync(0xffffffffu, xl[2 * q + 1], j);
+              if (rj == r && (lane >> 4) + 2 * q < mv) out[q] = fmaf(lane < 16 ? x0 : x1, dj, out[q]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) rw[r * MT + (lane >> 4) + 2 * q] = out[q];
+    }
+  }
+  finish_tile<CH, MT, BK_THREADS>(red, ws, tickets, nb, S, &s_last, y, ldy, N, nb * 128, 0, mv);
+}
+
+template <bool VIEW, int STAGES>
+cudaError_t launch_bk(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      cudaStream_t st) {
+  auto kern = w12_gemv_bk_kernel<VIEW, STAGES>;
+  constexpr int smem = STAGES * BK_SLOT;
+  static bool set = false;
+  if (!set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    set = true;
+  }
+  kern<<<dim3(NB, 1, split), BK_THREADS, smem, st>>>((const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec,
+                                                    (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
+                                                    (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+  return cudaGetLastError();
+}
+
 struct Args {
   const void *x, *rec, *expo, *toff, *tent;
   void *y, *ws, *tickets;
@@ -1167,5 +1326,22 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 #undef W12_XSG
 #undef W12_XS4
 #undef W12_XS
+  return (int)cudaErrorInvalidValue;
+}
+
+// The bulk-record GEMV for M ≤ 8 (w12_gemv_bk_kernel above): CTA = a record row's 128 channels × a split of K,
+// STAGES (4, 8 or 12) whole records in flight through a shared-memory ring.  split: CTAs along K (split > 1
+// needs ws: fp32 [NB · split · 128 · 8] and tickets: int32 zeros [NB], left at zero).  Same tensors and
+// preconditions as w12_gemv (x rows 16-byte aligned: the bulk copies read X's 128-byte rows).
+extern "C" int w12_gemv_bk(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int stages, int split,
+                           void* ws, void* tickets, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (M < 1 || M > 8 || split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;
+#define W12_BK(V, SS) \
+  if (!!view == V && stages == SS) \
+    return launch_bk<V, SS>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, st);
+  W12_BK(false, 4) W12_BK(false, 8) W12_BK(false, 12) W12_BK(true, 4) W12_BK(true, 8) W12_BK(true, 12)
+#undef W12_BK
   return (int)cudaErrorInvalidValue;
 }
