@@ -474,10 +474,7 @@ def main():
                 t_wg = bench(lambda: mt.run(x, cuda=cw))
                 t_wgv = bench(lambda: mt.run(x, view=True, cuda=cw))
             c = g.pick_config(m, n, k)
-            if kind == "skinny" and (n, k, gc.bk_bucket(m), False) in gc.BK_TABLE:
-                cc = gc.BK_TABLE[(n, k, gc.bk_bucket(m), False)]
-                c = f"cuda-bk {cc.stages}/{cc.split}"
-            elif kind == "skinny":
+            if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
             elif kind == "xs":

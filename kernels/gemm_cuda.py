@@ -57,16 +57,6 @@ class XsConfig:
     wg: bool = False  # wgmma instead of mma.sync (X put in wgmma k order first, as for the tensor-core kernel)
 
 
-@dataclass(frozen=True)
-class BkConfig:
-    """The bulk-record kernel for M ≤ 8 (w12_gemv_bk_kernel: a record row's 128 channels per CTA, whole records
-    streamed into a shared-memory ring by bulk copies)."""
-    stages: int  # records in flight per CTA: 4, 8 (two CTAs per SM) or 12 (one)
-    split: int = 1  # CTAs along K
-
-
-BK_STAGES = (4, 8, 12)
-
 # The xs kernel's compiled variants (nt, warps, unroll, wg) (w12_gemv.cu w12_gemm_xs; split and mfirst are launch
 # arguments): mma.sync nt 2/4/8 with 4 or 8 warps, wgmma nt 4/8/16 with 8 warps; unroll 1 or 2.
 XS_VARIANTS = (tuple((nt, w, u, False) for nt in (2, 4, 8) for w in (4, 8) for u in (1, 2))
@@ -280,24 +270,13 @@ TABLE: dict = {
 }
 
 
-# (N, K, M bucket, view) -> BkConfig: where the bulk-record kernel measured faster than the skinny kernel at
-# M ≤ 8 (bench/bk_configs.py; buckets: M = 1, and 2–8 as measured at 8).  None measured yet.
-BK_TABLE: dict = {}
-
-
-def bk_bucket(m: int) -> int | None:
-    return 1 if m == 1 else 8 if 1 < m <= 8 else None
-
-
 def _load_override():
-    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep), W12_XS_TABLE=path.py
-    (an `XS_TABLE = {...}` written by bench/xs_configs.py) and W12_BK_TABLE=path.py (a `BK_TABLE = {...}` written by
-    bench/bk_configs.py) replace entries."""
-    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE),
-                             ("W12_BK_TABLE", "BK_TABLE", BK_TABLE)):
+    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_XS_TABLE=path.py
+    (an `XS_TABLE = {...}` written by bench/xs_configs.py) replace entries."""
+    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE)):
         path = os.environ.get(var)
         if path:
-            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig, "BkConfig": BkConfig}
+            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig}
             exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
             table.update(scope[name])
 
@@ -368,7 +347,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | XsConfig | BkConfig | None = None, trace: torch.Tensor | None = None):
+           config: CudaConfig | TcConfig | XsConfig | None = None, trace: torch.Tensor | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
     trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
     TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
@@ -383,10 +362,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     cfg = config
     if cfg is None:
         kind = kernel_for(m, n, k)
-        if kind == "skinny":
-            cfg = BK_TABLE.get((n, k, bk_bucket(m), view)) or pick_config(m, n, k, view)
-        else:
-            cfg = XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs" else pick_tc_config(m, n, k)
+        cfg = (pick_config(m, n, k, view) if kind == "skinny" else XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs"
+               else pick_tc_config(m, n, k))
     if trace is not None and not isinstance(cfg, CudaConfig):
         raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
@@ -398,11 +375,6 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
-    elif isinstance(cfg, BkConfig):
-        ws, tk = _split_buffers(x.device, y, nb, cfg.split, 128 * 8)
-        err = library().w12_gemv_bk(
-            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.stages, cfg.split, _p(ws), _p(tk), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

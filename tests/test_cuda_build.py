@@ -151,7 +151,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
 @pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_tc",
-                                                       "w12_gemm_xs", "w12_gemv_bk"]),
+                                                       "w12_gemm_xs"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
@@ -191,12 +191,6 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
     assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
     assert all(xs(c.nt, c.warps, c.unroll, c.wg, v) not in (0, 1) for c in gc.XS_TABLE.values() for v in (0, 1))
-    def bk(stages, view, m=1):
-        return lib.w12_gemv_bk(p, m, 64, p, p, p, p, p, 64, 128, 1, 4, view, stages, 1, p, p, p)
-
-    assert all(bk(st, v) not in (0, 1) for st in gc.BK_STAGES for v in (0, 1))
-    assert all(bk(c.stages, v) not in (0, 1) for c in gc.BK_TABLE.values() for v in (0, 1))
-    assert bk(6, 0) == 1 and bk(8, 0, m=9) == 1
     # and the dispatchers do refuse what they do not compile
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
