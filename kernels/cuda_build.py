@@ -25,6 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"  # Hopper (H100/H200): the only target the tables were tuned on
+FLAGS = [ARCH, "-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-shared", "-Xcompiler", "-fPIC", "-cudart",
+         "static"]
 _LIBS: dict = {}
 
 
@@ -56,8 +58,7 @@ def build(name: str, out_dir: Path | None = None) -> Path:
         raise CudaBuildError("nvcc not found: set CUDA_HOME or W12_NVCC, or W12_CUDA=0 to use the Triton kernels")
     src = HERE / f"{name}.cu"
     text = src.read_bytes()
-    flags = [ARCH, "-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-shared", "-Xcompiler", "-fPIC",
-             "-cudart", "static"]
+    flags = FLAGS
     key = hashlib.sha256(text + _nvcc_version(nvcc).encode() + " ".join(flags).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     lib = out_dir / f"{name}-{key}.so"
