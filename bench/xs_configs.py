@@ -12,8 +12,9 @@ registers) against what gemm_cuda dispatches today and cuBLAS BF16, every shape,
    determinism (the same bits over 3 runs), then timed as bench/kernels.py times (CUDA graph replay, do_bench,
    L2 flushed, median), beside cuBLAS (`torch.matmul`) and today's dispatch (gemm_cuda.launch's own choice).
    A variant that fails a check is reported and left out, not fatal (part 1 runs each variant in its own
-   process, so an illegal access only disqualifies its variant).  Writes OUT/xs_configs.md (after every case), OUT/xs_configs.json (every config's µs)
-   and OUT/xs_table.py: the fastest xs config per (N, K, M) where it beats today's dispatch.
+   process, so an illegal access only disqualifies its variant).  Writes OUT/xs_configs.md (after every case),
+   OUT/xs_configs.json (every config's µs) and OUT/xs_table.py: the fastest xs config per (N, K, M) where it
+   beats today's dispatch.
    W12_XS_TABLE=OUT/xs_table.py makes gemm_cuda dispatch to those (e.g. bench/kernels.py in the same GPU call).
 """
 

@@ -58,8 +58,7 @@ def build(name: str, out_dir: Path | None = None) -> Path:
         raise CudaBuildError("nvcc not found: set CUDA_HOME or W12_NVCC, or W12_CUDA=0 to use the Triton kernels")
     src = HERE / f"{name}.cu"
     text = src.read_bytes()
-    flags = FLAGS
-    key = hashlib.sha256(text + _nvcc_version(nvcc).encode() + " ".join(flags).encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + _nvcc_version(nvcc).encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir()
     lib = out_dir / f"{name}-{key}.so"
     if lib.exists():
@@ -67,7 +66,7 @@ def build(name: str, out_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
-    cmd = [nvcc, *flags, "-o", tmp, str(src)]
+    cmd = [nvcc, *FLAGS, "-o", tmp, str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         os.unlink(tmp)
