@@ -337,10 +337,6 @@ def main():
                     assert e1 < 1e-2 and e2 < 1e-2, f"cuda {cfg} M={m} {n}x{k}: rel err {e1:.2e} {e2:.2e}"
                     if cfg.split > 1:
                         assert all(torch.equal(mt.run(x, cuda=cfg), y1) for _ in range(3)), f"split-K not deterministic {cfg}"
-                    if cfg.stages != 2:  # the same records added in the same order: the two-stage kernel's bits
-                        twin = gc.CudaConfig(cfg.nt, cfg.warps, cfg.unroll, cfg.split)
-                        assert torch.equal(y1, mt.run(x, cuda=twin)) and torch.equal(
-                            mt.run(x, view=True, cuda=cfg), mt.run(x, view=True, cuda=twin)), f"{cfg} vs {twin}: bits"
         del wf, wq, wd
         checks[(n, k)] = err
         mats[(n, k)] = mt
@@ -417,13 +413,12 @@ def main():
                     if key not in best or m == 8 * gc._nt_for(m):
                         best[key] = res[0][1]
                     print(f"cuda sweep {n}x{k} M={m} view={view}: " + ", ".join(
-                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.split},{c.stages}]" for t, c in res[:5]))
+                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.split}]" for t, c in res[:5]))
         gc.TABLE.update(best)
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}"
-                         f"{'' if c.stages == 2 else f', {c.stages}'}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -481,7 +476,7 @@ def main():
             c = g.pick_config(m, n, k)
             if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
-                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + ("" if cc.stages == 2 else f"/s{cc.stages}")
+                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
             elif kind == "xs":
                 cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
                 c = f"cuda-xs {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}{'/mfirst' if cc.mfirst else ''}"
@@ -517,9 +512,6 @@ def cuda_candidates(m):
     wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (4, 1, 8), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 1, 8), (8, 2, 1)]
     if m <= 8:
         wus += [(4, 2, 1), (4, 2, 2), (8, 2, 2)]
-        # three or four one-record stages in flight per warp (nt = 1 only)
-        return ([gc.CudaConfig(1, w, u, sp) for (w, u, sp) in wus]
-                + [gc.CudaConfig(1, w, 1, sp, st) for w in (4, 8) for sp in (1, 2) for st in (3, 4)])
     return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
 
 

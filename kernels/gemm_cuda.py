@@ -23,9 +23,8 @@ from . import cuda_build
 class CudaConfig:
     nt: int  # X rows per CTA / 8: 1, 2, 4 or 8
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
-    unroll: int  # records per pipeline stage per warp, 1 or 2 (4 never won the sweep)
+    unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
-    stages: int = 2  # pipeline stages in flight per warp: 2, or 3 / 4 with nt = 1 and unroll 1
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -390,10 +389,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.stages, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
         else:
-            if cfg.nt != 1 or cfg.stages != 2 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
-                raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1 (2 stages), got "
+            if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
+                raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
                                  f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
             err = library().w12_gemv_trace(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
@@ -407,7 +406,7 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
     memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
     blocks = ctypes.c_int(0)
-    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.stages, ctypes.byref(blocks))
+    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, ctypes.byref(blocks))
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value

@@ -13,7 +13,7 @@
 //           the tile and resets the ticket.  (A stream-K grid — one wave, equal records per CTA — was
 //           measured slower at M = 1: every tile then pays the partial/ticket round trip.)
 //   warp  = the CTA's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
-//           pipeline stage, STAGES stages in flight (2; 3 or 4 for M ≤ 8 with U = 1).  The WARPS partial sums are added in the fixed order
+//           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
 //   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
 //           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).
@@ -314,7 +314,7 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
-template <int NT, bool VIEW, int WARPS, int U, int STAGES = 2, bool TRACE = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -378,31 +378,19 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  Group<NT, VIEW, U> ga, gb, gx[STAGES > 2 ? STAGES - 2 : 1];  // stages 0, 1, then 2.. (STAGES > 2)
-  auto stage = [&](int s) -> Group<NT, VIEW, U>& { return s == 0 ? ga : s == 1 ? gb : gx[s - 2]; };
+  Group<NT, VIEW, U> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-#pragma unroll
-  for (int s = 2; s < STAGES; ++s) gx[s - 2].load(base, a + warp + s * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
-  // ---- main loop: a stage's U records are decoded while the other STAGES − 1 stages are in flight, then the
-  // stage is refilled with the records STAGES stages on
-  for (int kb0 = a + warp; kb0 < b; kb0 += STAGES * STEP) {
-    if constexpr (STAGES == 2) {  // written out: the SASS the tables were measured with
-      ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
-      ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-      gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
-      gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    } else {
-#pragma unroll
-      for (int s = 0; s < STAGES; ++s) {
-        stage(s).compute(acc, kb0 + s * STEP, b, WARPS, nsh, xr, xok);
-        stage(s).load(base, kb0 + (s + STAGES) * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-      }
-    }
+  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
+  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -1050,11 +1038,10 @@ struct Args {
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, int STAGES = 2, bool TRACE = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, STAGES>,
-                                                         WARPS * 32, 0);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
@@ -1064,29 +1051,25 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, STAGES, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
                             (int*)a.tickets);
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, int stages, const Args& a, cudaStream_t st) {
-#define W12_CASE(W, UU, SS) \
-  if (warps == W && unroll == UU && stages == SS) return launch_t<NT, VIEW, W, UU, SS>(a, st);
-  W12_CASE(4, 1, 2) W12_CASE(4, 2, 2) W12_CASE(8, 1, 2) W12_CASE(8, 2, 2)
-  if constexpr (NT == 1) {  // M ≤ 8: one record per stage, three or four stages in flight
-    W12_CASE(4, 1, 3) W12_CASE(4, 1, 4) W12_CASE(8, 1, 3) W12_CASE(8, 1, 4)
-  }
+cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
+#define W12_CASE(W, UU) \
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
+  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
 #undef W12_CASE
   return cudaErrorInvalidValue;
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
-int dispatch(const Args& a, int view, int nt, int warps, int unroll, int stages, cudaStream_t st) {
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_t st) {
 #define W12_NT(NTV) \
-  if (nt == NTV) \
-    return view ? launch_wu<NTV, true>(warps, unroll, stages, a, st) : launch_wu<NTV, false>(warps, unroll, stages, a, st);
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
@@ -1095,8 +1078,7 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int stages,
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
-// records per pipeline stage per warp (1, 2); stages: pipeline stages in flight per warp (2; with nt = 1 and
-// unroll 1 also 3 or 4); split: CTAs along K (split > 1 needs
+// records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
@@ -1104,18 +1086,18 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int stages,
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int stages, int split, void* ws, void* tickets, int pdl, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
-  return dispatch(a, view, nt, warps, unroll, stages, (cudaStream_t)stream);
+  return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
 // The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
 // CTAs / (blocks · SMs) that bench/kernels.py reports.  Returns a cudaError_t; *blocks gets the count.
-extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int stages, int* blocks) {
+extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* blocks) {
   Args a{};
   a.occupancy = blocks;
-  return dispatch(a, view, nt, warps, unroll, stages, nullptr);
+  return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
 // The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·
@@ -1135,7 +1117,7 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
   }
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0};
 #define W12_TR(V, W, UU) \
-  if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, 2, true>(a, st);
+  if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);
   W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
   W12_TR(true, 4, 1) W12_TR(true, 4, 2) W12_TR(true, 8, 1) W12_TR(true, 8, 2)
 #undef W12_TR
