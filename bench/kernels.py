@@ -335,8 +335,8 @@ def main():
                     y1 = mt.run(x, cuda=cfg)
                     e1, e2 = rel(y1, ref), rel(mt.run(x, view=True, cuda=cfg), refq)
                     assert e1 < 1e-2 and e2 < 1e-2, f"cuda {cfg} M={m} {n}x{k}: rel err {e1:.2e} {e2:.2e}"
-                    if cfg.split > 1 or cfg.rot:
-                        assert all(torch.equal(mt.run(x, cuda=cfg), y1) for _ in range(3)), f"not deterministic {cfg}"
+                    if cfg.split > 1:
+                        assert all(torch.equal(mt.run(x, cuda=cfg), y1) for _ in range(3)), f"split-K not deterministic {cfg}"
         del wf, wq, wd
         checks[(n, k)] = err
         mats[(n, k)] = mt
@@ -413,12 +413,12 @@ def main():
                     if key not in best or m == 8 * gc._nt_for(m):
                         best[key] = res[0][1]
                     print(f"cuda sweep {n}x{k} M={m} view={view}: " + ", ".join(
-                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.split}{',rot' if c.rot else ''}]" for t, c in res[:6]))
+                        f"{t:.1f}[{c.nt},{c.warps},{c.unroll},{c.split}]" for t, c in res[:5]))
         gc.TABLE.update(best)
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}{', True' if c.rot else ''}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -476,7 +476,7 @@ def main():
             c = g.pick_config(m, n, k)
             if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
-                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + ("/rot" if cc.rot else "")
+                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}"
             elif kind == "xs":
                 cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
                 c = f"cuda-xs {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}{'/mfirst' if cc.mfirst else ''}"
@@ -512,9 +512,6 @@ def cuda_candidates(m):
     wus = [(4, 1, 1), (4, 1, 2), (4, 1, 4), (4, 1, 8), (8, 1, 1), (8, 1, 2), (8, 1, 4), (8, 1, 8), (8, 2, 1)]
     if m <= 8:
         wus += [(4, 2, 1), (4, 2, 2), (8, 2, 2)]
-        # and with each record row starting at its own offset (rot; nt = 1 only)
-        return ([gc.CudaConfig(1, w, u, sp) for (w, u, sp) in wus]
-                + [gc.CudaConfig(1, w, u, sp, True) for (w, u, sp) in wus if sp <= 2])
     return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
 
 

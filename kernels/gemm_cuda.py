@@ -25,8 +25,6 @@ class CudaConfig:
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
     unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
-    rot: bool = False  # nt = 1: record row nb starts nb / NB of the way into its records (a one-wave launch's CTAs
-    # then read addresses spread over the matrix, not the same offset of every record row)
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -391,9 +389,9 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.nt, cfg.warps, cfg.unroll, int(cfg.rot), cfg.split, _p(ws), _p(tk), int(PDL), stream)
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
         else:
-            if cfg.nt != 1 or cfg.rot or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
+            if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
                                  f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
             err = library().w12_gemv_trace(

@@ -139,7 +139,7 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
-template <int NT, bool VIEW, int U, bool ROT = false>
+template <int NT, bool VIEW, int U>
 struct Group {
   static constexpr bool XPF = NT <= 2;
   uint4 va[U], vb[U], na[U], nb[U];
@@ -149,18 +149,12 @@ struct Group {
     load_x16(a, b, xr, ok, kb);
   }
 
-  // ROT: record kb of the CTA's range [KB − span, KB) is read at kb + rot, wrapped into the range
   __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
-                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT],
-                                       int rot = 0, int span = 0) {
+                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       int kb = kb0 + u * warps;
       if (kb < KB) {
-        if constexpr (ROT) {
-          kb += rot;
-          if (kb >= KB) kb -= span;
-        }
         const uint8_t* r = base + (size_t)kb * REC;
         va[u] = ld_stream(r + v0);
         vb[u] = ld_stream(r + v1);
@@ -320,7 +314,7 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool ROT = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -384,12 +378,9 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // ROT (M = 1 configs): record row nb starts nb / NB of the way into its records (wrapping), so that a one-wave
-  // launch's CTAs read addresses spread over the matrix instead of the same offset in every record row
-  const int span = b - a, rot = ROT ? (int)((long)nb * span / (gridDim.x >> 3)) : 0;
-  Group<NT, VIEW, U, ROT> ga, gb;
-  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, rot, span);
-  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, rot, span);
+  Group<NT, VIEW, U> ga, gb;
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
@@ -397,9 +388,9 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, rot, span);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
     gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, rot, span);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -1047,11 +1038,10 @@ struct Args {
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool ROT = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, ROT>,
-                                                         WARPS * 32, 0);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
@@ -1061,30 +1051,25 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, ROT>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
                             (int*)a.tickets);
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, int rot, const Args& a, cudaStream_t st) {
+cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
 #define W12_CASE(W, UU) \
-  if (warps == W && unroll == UU && !rot) return launch_t<NT, VIEW, W, UU>(a, st);
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
   W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
 #undef W12_CASE
-#define W12_ROT(W, UU) \
-  if (warps == W && unroll == UU && rot) return launch_t<NT, VIEW, W, UU, false, true>(a, st);
-  if constexpr (NT == 1) { W12_ROT(4, 1) W12_ROT(4, 2) W12_ROT(8, 1) W12_ROT(8, 2) }
-#undef W12_ROT
   return cudaErrorInvalidValue;
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
-int dispatch(const Args& a, int view, int nt, int warps, int unroll, int rot, cudaStream_t st) {
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_t st) {
 #define W12_NT(NTV) \
-  if (nt == NTV) \
-    return view ? launch_wu<NTV, true>(warps, unroll, rot, a, st) : launch_wu<NTV, false>(warps, unroll, rot, a, st);
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
@@ -1093,8 +1078,7 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int rot, cu
 }  // namespace
 
 // Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
-// records per pipeline stage per warp (1, 2; two stages in flight); rot: 1 = each record row starts at its own
-// offset into its records (nt = 1 only; the same sums in another order); split: CTAs along K (split > 1 needs
+// records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
@@ -1102,10 +1086,10 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int rot, cu
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int rot, int split, void* ws, void* tickets, int pdl, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
-  return dispatch(a, view, nt, warps, unroll, rot, (cudaStream_t)stream);
+  return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
 // The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
@@ -1113,7 +1097,7 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
 extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* blocks) {
   Args a{};
   a.occupancy = blocks;
-  return dispatch(a, view, nt, warps, unroll, 0, nullptr);
+  return dispatch(a, view, nt, warps, unroll, nullptr);
 }
 
 // The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·
