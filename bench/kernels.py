@@ -178,6 +178,20 @@ def rel(y, ref):
     return ((y.float() - ref).abs().max() / ref.abs().max()).item()
 
 
+def mat_of(w):
+    """A Mat of the given bf16 weights [n, k] (encoded on the GPU), and the mask of its escapes."""
+    from w12.formats import reference as fmt
+    mt = Mat.__new__(Mat)
+    mt.n, mt.k, mt.w = *w.shape, w
+    mt.records, mt.exps, mt.counts, mt.escapes = encode_gpu(w.view(torch.int16))
+    mt.offs, mt.cols = g.prepare_escapes(mt.counts, mt.escapes)
+    mt.nnz = mt.escapes.shape[0]
+    rows, cols = fmt.escape_coordinates(mt.counts.cpu(), mt.escapes.cpu())
+    esc = torch.zeros(w.shape, dtype=torch.bool, device=w.device)
+    esc[rows.to(w.device), cols.to(w.device)] = True
+    return mt, esc
+
+
 class Mat:
     def __init__(self, n, k, seed):
         self.n, self.k = n, k

@@ -28,10 +28,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import Mat, bench, decode_gpu, encode_gpu, make_weight, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
+from kernels import bench, decode_gpu, make_weight, mat_of, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
 
-from w12.formats import reference as fmt  # noqa: E402
-from w12.kernels import gemm as g  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
@@ -62,13 +60,7 @@ def identity_check(variants) -> set:
     n, k = 300, 1024
     w = make_weight(n, k, 3)
     w.view(-1)[::997] = torch.tensor(100.0, dtype=torch.bfloat16)  # out-of-window weights: escapes
-    mt = Mat.__new__(Mat)
-    mt.n, mt.k, mt.w = n, k, w
-    mt.records, mt.exps, mt.counts, mt.escapes = encode_gpu(w.view(torch.int16))
-    mt.offs, mt.cols = g.prepare_escapes(mt.counts, mt.escapes)
-    rows, cols = fmt.escape_coordinates(mt.counts.cpu(), mt.escapes.cpu())
-    esc = torch.zeros(n, k, dtype=torch.bool, device="cuda")
-    esc[rows.cuda(), cols.cuda()] = True
+    mt, esc = mat_of(w)
     wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
     eye = torch.eye(k, device="cuda", dtype=torch.bfloat16)
     cands = [gc.XsConfig(nt, w, u, s, wg=wg) for nt, w, u, wg in variants for s in (1, 3)]
