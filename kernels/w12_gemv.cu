@@ -53,9 +53,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
 }
 
 // cp.async: global -> shared without holding registers (completed by cp_async_wait_all)
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
@@ -330,10 +327,6 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
-  // XE (W12, M ≤ 8): the X words (bf16 pairs) at the first THREADS entries' columns, fetched in the prologue so that
-  // the epilogue's correction reads no global memory
-  constexpr bool XE = !VIEW && NT == 1;
-  __shared__ uint32_t s_xe[XE ? MT : 1][XE ? THREADS : 1];
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -389,14 +382,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-  if (!VIEW && e_lo + tid < e_hi) {
-    cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
-    if (XE) {  // the entry is needed for its column: wait for it while the first records are in flight anyway
-      cp_async_wait_all();
-      const int col = (int)(s_ent[tid].x & 0xFFFFFEu);  // the 4-byte pair that holds column col
-      for (int m = 0; m < min(MT, M - m0); ++m) cp_async4(&s_xe[m][tid], x + (size_t)(m0 + m) * ldx + col);
-    }
-  }
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
@@ -462,14 +448,7 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
         for (int cw = 0; cw < WARPS; ++cw) {
           for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
             int jj = 32 * cw + __ffs(bm) - 1;
-            float xv;
-            if (XE && c0 == e_lo) {  // staged in the prologue (cp_async_wait_all above the reduction)
-              const uint32_t pair = s_xe[XE ? m : 0][jj];
-              xv = __bfloat162float(__ushort_as_bfloat16((unsigned short)((s_col[jj] & 1) ? pair >> 16 : pair)));
-            } else {
-              xv = __bfloat162float(xm[s_col[jj]]);
-            }
-            out = fmaf(xv, s_d[jj], out);
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
           }
         }
         red[0][r][m] = out;
