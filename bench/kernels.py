@@ -200,6 +200,11 @@ class Mat:
         self.offs, self.cols = g.prepare_escapes(self.counts, self.escapes)
         self.nnz = self.escapes.shape[0]
 
+    def seen(self, m, view=False, cuda=None):
+        """W [n, k] as the kernel sees it: the identity product X = rows i..i+m−1 of I_K, Y[m, n] = W[n, i + m]."""
+        eye = torch.eye(self.k, device="cuda", dtype=torch.bfloat16)
+        return torch.cat([self.run(eye[i:i + m], view=view, cuda=cuda) for i in range(0, self.k, m)]).t()
+
     def run(self, x, view=False, cfg=None, use_ptx=None, cuda=None):
         if cuda is not None:
             return gc.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols,
