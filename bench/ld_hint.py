@@ -8,20 +8,17 @@ under ncu it streams its bytes no faster than a PyTorch reduction, while cuBLAS'
 faster (2026-12-02-kernels-ncu-m1-h200-s12.md). The variants change only that instruction's qualifiers, so every
 variant must give the same bits as the built-in one (checked first, per shape, W12 and view); then each is timed
 at M = 1 as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median), interleaved per shape,
-beside cuBLAS. Prints and writes OUT/ld_hint.md.
+beside cuBLAS (bench/ab_kernel.py's run_libs). Prints and writes OUT/ld_hint.md.
 """
 
 import argparse
-import ctypes
-import datetime
-import math
 import os
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab_kernel import build_libs, run_libs  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = 'asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"'
 POLICY = ('uint64_t pol; asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol)); '
@@ -46,69 +43,15 @@ def variant_source(name: str) -> str:
 
 
 def build(out: Path):
-    """nvcc with cuda_build's flags but -lineinfo (4 MB per library instead of 11), all variants at once."""
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
-
-    from w12.kernels import cuda_build
-    out.mkdir(parents=True, exist_ok=True)
-    flags = [f for f in cuda_build.FLAGS if f != "-lineinfo"]
-
-    def one(name):
-        src = out / f"w12_gemv_{name.replace(':', '_')}.cu"
-        src.write_text(variant_source(name))
-        subprocess.run([cuda_build.nvcc_path(), *flags, "-o", str(src.with_suffix(".so")), str(src)], check=True)
-        src.unlink()
-        return src.with_suffix(".so")
-
-    with ThreadPoolExecutor(len(VARIANTS)) as pool:
-        for name, lib in zip(VARIANTS, pool.map(one, VARIANTS)):
-            print(name, lib)
+    for name, lib in build_libs({name: variant_source(name) for name in VARIANTS}, out).items():
+        print(name, lib)
 
 
 def run(libs: Path, out: str):
-    from kernels import SHAPES, Mat, bench
-
-    from w12.kernels import gemm_cuda as gc
-    cdlls = {name: ctypes.CDLL(str(libs / f"w12_gemv_{name.replace(':', '_')}.so")) for name in VARIANTS}
-    lines, ratios = [], {(v, view): [] for v in VARIANTS for view in (False, True)}
-    for si, (n, k) in enumerate(SHAPES):
-        mt = Mat(n, k, 300 + si)
-        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-        t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
-        cells = []
-        for view in (False, True):
-            cfg = gc.pick_config(1, n, k, view)
-            ref = None
-            for name, lib in cdlls.items():
-                gc.library = lambda lib=lib: lib
-                y = mt.run(x, view=view, cuda=cfg)
-                ref = y if ref is None else ref
-                assert torch.equal(y, ref), f"{name} {n}x{k} view={view}: not the base variant's bits"
-                t = bench(lambda: mt.run(x, view=view, cuda=cfg))
-                ratios[(name, view)].append(t_cb / t)
-                cells.append(f"{t:.1f}")
-        row = f"| {n}×{k} | {t_cb:.1f} | " + " | ".join(cells) + " |"
-        print(row, flush=True)
-        lines.append(row)
-        del mt
-        torch.cuda.empty_cache()
-    geo = {key: math.exp(sum(map(math.log, r)) / len(r)) for key, r in ratios.items()}
-    names = list(VARIANTS)
-    text = "\n".join([
-        f"# M = 1 skinny kernel with L2 hints on its weight loads — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
-        "- command: `python bench/ld_hint.py --build DIR` (here), then `W12_CUDA=1 python bench/ld_hint.py --libs DIR`",
-        "- every variant gave the base variant's bits on every shape (W12 and view); µs: CUDA graph replay, do_bench, "
-        "L2 flushed, median; configs as dispatched (gemm_cuda.pick_config)", "",
-        "| geomean vs cuBLAS | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
-        "| W12 | " + " | ".join(f"{geo[(v, False)]:.3f}" for v in names) + " |",
-        "| view | " + " | ".join(f"{geo[(v, True)]:.3f}" for v in names) + " |", "",
-        "| N×K | cuBLAS µs | " + " | ".join(f"W12 {v}" for v in names) + " | " + " | ".join(f"view {v}" for v in names) + " |",
-        "|---" * (2 + 2 * len(names)) + "|", *lines]) + "\n"
-    with open(os.path.join(out, "ld_hint.md"), "w") as fh:
-        fh.write(text)
-    print(text)
+    run_libs({name: libs / f"w12_gemv_{name.replace(':', '_')}.so" for name in VARIANTS}, [1], 1,
+             "M = 1 skinny kernel with L2 hints on its weight loads",
+             "`python bench/ld_hint.py --build DIR` (here), then `W12_CUDA=1 python bench/ld_hint.py --libs DIR`",
+             out, "ld_hint.md")
 
 
 if __name__ == "__main__":

@@ -311,11 +311,45 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
   }
 }
 
+// The skinny kernel's end for M ≤ 2 rows of X and ≤ 32 escapes (ne), in warp 0 after the barrier that
+// completes red: lane l = 16m + r returns output (r, m) = (Σ_w red[w][r][m]) · 2^(E_r − 127), then
+// + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
+// same order, so the same bits, without its barriers.  Lane j holds entry j and fetches its X words first (all
+// entries' loads in flight at once); entry j reaches every lane by shuffles.
+template <int WARPS, int MT>
+__device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const uint2* s_ent,
+                                              int ne, const __nv_bfloat16* x, int ldx, int m0, int mcount, int lane) {
+  const int r = lane & 15, m = lane >> 4;
+  int er = -1, col = 0;
+  float d = 0.f, x0 = 0.f, x1 = 0.f;
+  if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) and x[m0, col], x[m0 + 1, col]
+    const uint2 en = s_ent[lane];
+    er = (int)(en.x >> 24);
+    col = (int)(en.x & 0xFFFFFFu);
+    x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
+    if (mcount > 1) x1 = __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]);
+    d = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
+  }
+  float out = 0.f;
+  if (m < mcount) {
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) out += red[w][r][m];
+    out *= __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+  }
+  for (int j = 0; j < ne; ++j) {  // ne is the same in every lane: every lane takes part in each shuffle
+    const int rj = __shfl_sync(0xffffffffu, er, j);
+    const float dj = __shfl_sync(0xffffffffu, d, j);
+    const float xj0 = __shfl_sync(0xffffffffu, x0, j), xj1 = __shfl_sync(0xffffffffu, x1, j);
+    if (rj == r && m < mcount) out = fmaf(m == 0 ? xj0 : xj1, dj, out);
+  }
+  return out;
+}
+
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7)
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
-__global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7 : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
@@ -405,6 +439,32 @@ __global__ void __launch_bounds__(WARPS * 32) w12_gemv_kernel(
   __syncthreads();
   trace(1);
   const int mcount = min(MT, M - m0);
+  if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
+    // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
+    if (warp != 0) {
+      if (S == 1) return;
+    } else {
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, e_hi - e_lo, x, ldx, m0, mcount, lane);
+      const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
+      if (S == 1) {
+        if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
+        trace(2);
+        return;
+      }
+      if (m < mcount) red[0][r][m] = out;
+    }
+    if (!splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+      trace(2);
+      return;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+      int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+      if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
+    }
+    trace(2);
+    return;
+  }
   for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
     int r = idx & 15, m = idx >> 4;
     float sum = 0.f;
