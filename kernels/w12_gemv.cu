@@ -314,21 +314,24 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
 // The skinny kernel's end for M ≤ 2 rows of X and ≤ 32 escapes (ne), in warp 0 after the barrier that
 // completes red: lane l = 16m + r returns output (r, m) = (Σ_w red[w][r][m]) · 2^(E_r − 127), then
 // + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
-// same order, so the same bits, without its barriers.  Lane j holds entry j and fetches its X words first (all
-// entries' loads in flight at once); entry j reaches every lane by shuffles.
+// same order, so the same bits, without its barriers.  Lane j stages entry j (w − w_code and its X words, all
+// entries' loads in flight at once) in s_esc[3][32]; one ballot per row gives lane r its row's entries.
 template <int WARPS, int MT>
 __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const uint2* s_ent,
-                                              int ne, const __nv_bfloat16* x, int ldx, int m0, int mcount, int lane) {
+                                              float (&s_esc)[3][32], int ne, const __nv_bfloat16* x, int ldx, int m0,
+                                              int mcount, int lane) {
   const int r = lane & 15, m = lane >> 4;
-  int er = -1, col = 0;
-  float d = 0.f, x0 = 0.f, x1 = 0.f;
-  if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) and x[m0, col], x[m0 + 1, col]
+  int er = -1;
+  if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) -> s_esc[0] = w − w_code, [1 + m] = x[m0 + m, col]
     const uint2 en = s_ent[lane];
+    const int col = (int)(en.x & 0xFFFFFFu);
     er = (int)(en.x >> 24);
-    col = (int)(en.x & 0xFFFFFFu);
-    x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
-    if (mcount > 1) x1 = __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]);
-    d = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
+    const float x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
+    const float x1 = mcount > 1 ? __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
+    s_esc[0][lane] =
+        __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
+    s_esc[1][lane] = x0;
+    s_esc[2][lane] = x1;
   }
   float out = 0.f;
   if (m < mcount) {
@@ -336,12 +339,19 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
     for (int w = 0; w < WARPS; ++w) out += red[w][r][m];
     out *= __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
   }
-  for (int j = 0; j < ne; ++j) {  // ne is the same in every lane: every lane takes part in each shuffle
-    const int rj = __shfl_sync(0xffffffffu, er, j);
-    const float dj = __shfl_sync(0xffffffffu, d, j);
-    const float xj0 = __shfl_sync(0xffffffffu, x0, j), xj1 = __shfl_sync(0xffffffffu, x1, j);
-    if (rj == r && m < mcount) out = fmaf(m == 0 ? xj0 : xj1, dj, out);
+  if (ne <= 0) return out;
+  uint32_t mine = 0;  // bit j: entry j belongs to this lane's row
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) {
+    const uint32_t bm = __ballot_sync(0xffffffffu, er == rr);
+    if (r == rr) mine = bm;
   }
+  __syncwarp();  // s_esc complete
+  if (m < mcount)
+    for (uint32_t bm = mine; bm; bm &= bm - 1) {
+      const int j = __ffs(bm) - 1;
+      out = fmaf(s_esc[1 + m][j], s_esc[0][j], out);
+    }
   return out;
 }
 
@@ -361,6 +371,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
+  __shared__ float s_esc[3][32];              // warp0_finish's staged entries
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -444,7 +455,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, e_hi - e_lo, x, ldx, m0, mcount, lane);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
         if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
