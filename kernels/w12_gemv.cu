@@ -35,6 +35,8 @@
 // order (SPEC.md §7), one rounding to bf16 when the tile is complete.  The escapes come from the per-tile
 // lists of gemm_cuda.tile_escapes (load time): entry (row in tile << 24 | column, h), offsets per
 // (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load.
+// At M ≤ 2 with ≤ 32 escapes in the CTA (decode), warp 0 alone finishes the tile (warp0_finish): the same adds in
+// the same order, without the CTA-wide path's three barriers.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
