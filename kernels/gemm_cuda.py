@@ -168,7 +168,8 @@ def _nt_for(m: int) -> int:
 # (N, K, M bucket, view) -> CudaConfig: the fastest candidate of `python bench/kernels.py --cuda-sweep`
 # on the H200, clean-flush timing (M ≤ 8: 2026-12-01 at 2b9a964, `--sweep-ms 1`, 2026-12-01-kernels-cuda-h200-s5.md;
 # M 9-64: 2026-12-02 at aaf9ff8, `--sweep-ms 16,32,64`, 2026-12-02-kernels-cuda-sweep-h200-s10.txt);
-# other shapes: pick_config's rule.
+# other shapes: pick_config's rule.  A re-sweep of M ≤ 8 after the one-warp epilogue (2026-12-02-kernels-cuda-h200-
+# s13-sweep.md) was not adopted: no better by do_bench, and the Transformers decode was measured with these.
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
