@@ -22,7 +22,12 @@ matrix; `--lm-head bf16` keeps the converter's default exclude).
 Each model is loaded and compiled in its own process (one torch.compile cache each; the processes do that side
 by side), then the processes are timed in rounds that take turns (BF16, W12, BF16, …; `--repeats` rounds,
 default 5), so whatever the machine does meanwhile hits both sides alike (`--sequential`: one model after the
-other, each alone); each model's figure is the median of its rounds and `round_ratios` gives W12/BF16 per round. A round's rate is
+other, each alone); each model's figure is the median of its rounds and `round_ratios` gives W12/BF16 per round.
+A process's host speed differs from another's for the same code (up to ~10 % of a token's time, measured), which
+rounds within one process cannot average out: `--pairs P` runs P process sets one after the other (each loads
+and compiles afresh, from the warm inductor cache after the first; W12 first in every other set) and pools their
+rounds; `pairs` and `median_pair_speedup` give each set's own figures. After the warm-up each worker's generate
+thread is pinned to a CPU of its own (`--no-pin`: not). A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
 the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
 (`decode_tok_s`, `speedup_w12_over_bf16`: the exact length guaranteed by a logits processor that runs every
@@ -327,10 +332,12 @@ def compile_config(backend: str):
     return cc
 
 
-def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
+def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse, cpu=None):
     """One model in its own process (its own torch.compile caches: two models compiled in one process
     slowed both by ~20 %, measured), driven over a pipe: ("round", n) | ("profile", None) | ("finish", None).
-    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True)."""
+    skip_guards: after the warm-up, torch.compiler.set_stance(skip_guard_eval_unsafe=True). cpu: after the
+    warm-up, the thread that runs generate is pinned to that CPU (no migration between rounds; the compile's
+    worker threads and processes keep every CPU)."""
     import traceback
 
     try:
@@ -340,6 +347,8 @@ def _worker(conn, path, device, prompt, new_tokens, backend, skip_guards, fuse):
         e = Entry(path, device, prompt, new_tokens, compile_config(backend), fuse)
         if skip_guards:  # warmed up: the decode graph is the only compiled artifact, nothing to tell apart
             torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})  # pid 0: the calling thread only
         conn.send(("ok", None))
         while True:
             cmd, arg = conn.recv()
@@ -419,6 +428,75 @@ class Remote:
         return res
 
 
+def worker_cpus(count: int) -> list:
+    """CPUs for the timed workers' generate threads: the last `count` CPUs this process may use (the parent,
+    nvidia-smi and the rest keep the others); [None] * count where there are fewer than count + 2."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return cpus[-count:] if len(cpus) >= count + 2 else [None] * count
+
+
+def run_group(group, specs, common, args, device) -> dict:
+    """Load and compile the models of `group` side by side (one process each), time them in `args.repeats`
+    rounds that take turns in `group`'s order, and return {name: Entry.finish() result + round_gpu}."""
+    cpus = worker_cpus(len(group)) if args.pin else [None] * len(group)
+    entries = {n: Remote(n, specs[n][0], *common, specs[n][1], cpu) for n, cpu in zip(group, cpus)}
+    t = time.perf_counter()
+    for e in entries.values():
+        e.ready()
+    print(f"loaded and compiled {', '.join(group)} in {time.perf_counter() - t:.0f} s (generate threads on CPUs "
+          f"{cpus})", file=sys.stderr)
+    gpu_rounds = {}
+    for r in range(args.repeats):
+        line = {}
+        for name, e in entries.items():
+            with GpuSampler(device.startswith("cuda")) as gpu:
+                line[name] = e.call("round", args.new_tokens)
+            gpu_rounds.setdefault(name, []).append(gpu.summary())
+        print(f"round {r}: " + ", ".join(
+            f"{k} {v[0]:.1f} tok/s (plain generate {v[1]:.1f})"
+            + (f" SM {g['sm_mhz_min']:.0f}–{g['sm_mhz_median']:.0f} MHz {g['power_w_median']:.0f} W"
+               if (g := gpu_rounds[k][-1]) else "") for k, v in line.items()), file=sys.stderr)
+    profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
+    for name, prof in profiles.items():
+        print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
+    done = {}
+    for name, e in entries.items():
+        done[name] = e.finish()
+        done[name]["round_gpu"] = gpu_rounds.get(name)  # SM clock (min, median) and power per round
+        if name in profiles:
+            done[name]["profile"] = profiles[name]
+    return done
+
+
+def pair_figures(done: dict) -> dict:
+    """One process set's medians and W12/BF16 ratios (the figures a single-pair run reports)."""
+    b, w = done["bf16"], done["w12"]
+    return {"bf16_tok_s": b["decode_tok_s"], "w12_tok_s": w["decode_tok_s"],
+            "speedup": w["decode_tok_s"] / b["decode_tok_s"],
+            "speedup_plain_generate": w["decode_tok_s_plain"] / b["decode_tok_s_plain"],
+            "median_round_ratio": _median([x / y for x, y in zip(w["round_tok_s"], b["round_tok_s"])]),
+            "other_us_per_token": {n: done[n].get("other_us_per_token") for n in ("bf16", "w12")}}
+
+
+POOLED = ("round_tok_s", "round_tok_s_plain", "round_gpu")
+
+
+def pool(results: list) -> dict:
+    """One model's results over several process sets: the first set's result with the rounds of all sets
+    (medians recomputed over them) and `per_pair`: each set's own medians and breakdown."""
+    out = dict(results[0])
+    for key in POOLED:
+        out[key] = [v for r in results for v in (r.get(key) or [])]
+    out["decode_tok_s"], out["decode_tok_s_plain"] = _median(out["round_tok_s"]), _median(out["round_tok_s_plain"])
+    out["plain_generate_same_tokens"] = all(r["plain_generate_same_tokens"] for r in results)
+    if len(results) > 1:
+        out["per_pair"] = [{k: r.get(k) for k in ("decode_tok_s", "decode_tok_s_plain", "gemm_us_per_token",
+                                                   "other_us_per_token")} for r in results]
+        if isinstance(out.get("gemm_us_per_token"), dict):
+            out["other_us_per_token"] = 1e6 / out["decode_tok_s"] - out["gemm_us_per_token"]["total"]
+    return out
+
+
 def _median(values):  # of the finite values (a plain-generate round that stopped early is NaN)
     return statistics.median([v for v in values if v == v] or [float("nan")])
 
@@ -447,6 +525,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--lm-head", choices=("w12", "bf16"), default="w12",
                     help="convert the (untied) LM head too (w12, the default: lossless, so nothing argues against "
                          "it) or keep it BF16 (the converter's default exclude, which SGLang's loader needs)")
+    ap.add_argument("--pairs", type=int, default=1,
+                    help="process sets: each loads, compiles and times the models afresh (--repeats rounds), the "
+                         "W12 process first in every other set; the figures pool the rounds of all sets and "
+                         "`pairs` gives each set's own (a process's host speed varies by up to ~10 %% for the same "
+                         "code: only fresh processes average that out)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="do not pin each worker's generate thread to a CPU of its own after the warm-up")
     ap.add_argument("--sequential", action="store_true",
                     help="load and time one model after the other (each alone on the machine) instead of alternating")
     ap.add_argument("--skip-guard-eval", action="store_true",
@@ -483,30 +568,17 @@ def main(argv=None) -> dict:
         if args.fuse == "both":
             specs["w12_unfused"] = (w12_dir, False)
         groups = [[n] for n in specs] if args.sequential else [list(specs)]
-        done, gpu_rounds = {}, {}
-        for group in groups:  # all models at once (rounds alternate), or one after the other
-            entries = {n: Remote(n, specs[n][0], *common, specs[n][1]) for n in group}
-            for e in entries.values():  # the models load and compile side by side (own processes), then rounds
-                e.ready()
-            for r in range(args.repeats):
-                line = {}
-                for name, e in entries.items():
-                    with GpuSampler(device.startswith("cuda")) as gpu:
-                        line[name] = e.call("round", args.new_tokens)
-                    gpu_rounds.setdefault(name, []).append(gpu.summary())
-                print(f"round {r}: " + ", ".join(
-                    f"{k} {v[0]:.1f} tok/s (plain generate {v[1]:.1f})"
-                    + (f" SM {g['sm_mhz_min']:.0f}–{g['sm_mhz_median']:.0f} MHz {g['power_w_median']:.0f} W"
-                       if (g := gpu_rounds[k][-1]) else "") for k, v in line.items()), file=sys.stderr)
-            profiles = {name: e.call("profile") for name, e in entries.items()} if args.profile else {}
-            for name, prof in profiles.items():
-                print(f"profile {name}: {json.dumps(prof)}", file=sys.stderr)
-            for name, e in entries.items():
-                done[name] = e.finish()
-                done[name]["round_gpu"] = gpu_rounds.get(name)  # SM clock (min, median) and power per round
-                if name in profiles:
-                    done[name]["profile"] = profiles[name]
-        bf16, w12r, unfused = done["bf16"], done["w12"], done.get("w12_unfused")
+        pairs = []  # per process set: {name: finished result}
+        for p in range(args.pairs):
+            done = {}
+            for group in groups:  # all models at once (rounds alternate), or one after the other
+                done.update(run_group(group[::-1] if p % 2 else group, specs, common, args, device))
+            pairs.append(done)
+            if args.json and args.pairs > 1:  # what a timeout would otherwise lose
+                with open(args.json + ".partial", "w") as f:
+                    json.dump({"pairs_done": p + 1, "pairs": [pair_figures(d) for d in pairs]}, f, indent=2)
+        bf16, w12r, unfused = (pool([d[n] for d in pairs]) if n in pairs[0] else None
+                               for n in ("bf16", "w12", "w12_unfused"))
         ratios = [w / b for w, b in zip(w12r["round_tok_s"], bf16["round_tok_s"])]
         ratios_plain = [w / b for w, b in zip(w12r["round_tok_s_plain"], bf16["round_tok_s_plain"])]
     finally:
@@ -535,6 +607,9 @@ def main(argv=None) -> dict:
         "round_ratios": ratios,
         "speedup_w12_over_bf16_plain_generate": w12r["decode_tok_s_plain"] / bf16["decode_tok_s_plain"],
         "round_ratios_plain_generate": ratios_plain,
+        "pairs": [pair_figures(d) for d in pairs],
+        "median_pair_speedup": _median([pair_figures(d)["speedup"] for d in pairs]),
+        "median_pair_speedup_plain_generate": _median([pair_figures(d)["speedup_plain_generate"] for d in pairs]),
         # the same rounds read two more ways (host noise only slows a round down): the median of the paired
         # per-round ratios, and the fastest round of each model
         "median_round_ratio": _median(ratios), "median_round_ratio_plain_generate": _median(ratios_plain),
@@ -549,7 +624,21 @@ def main(argv=None) -> dict:
     if args.json:
         with open(args.json, "w") as f:
             f.write(text + "\n")
+    print(summary_table(result))
     return result
+
+
+def summary_table(result: dict) -> str:
+    """The short table printed last: each process set's medians, then all rounds pooled."""
+    rows = ["| process set | BF16 tok/s | W12 tok/s | W12/BF16 | median round ratio | plain generate W12/BF16 |",
+            "|---|---|---|---|---|---|"]
+    for i, p in enumerate(result["pairs"]):
+        rows.append(f"| {i} | {p['bf16_tok_s']:.1f} | {p['w12_tok_s']:.1f} | {p['speedup']:.3f} | "
+                    f"{p['median_round_ratio']:.3f} | {p['speedup_plain_generate']:.3f} |")
+    rows.append(f"| all rounds | {result['bf16']['decode_tok_s']:.1f} | {result['w12']['decode_tok_s']:.1f} | "
+                f"{result['speedup_w12_over_bf16']:.3f} | {result['median_round_ratio']:.3f} | "
+                f"{result['speedup_w12_over_bf16_plain_generate']:.3f} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
