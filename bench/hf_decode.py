@@ -26,8 +26,9 @@ other, each alone); each model's figure is the median of its rounds and `round_r
 A process's host speed differs from another's for the same code (up to ~10 % of a token's time, measured), which
 rounds within one process cannot average out: `--pairs P` runs P process sets one after the other (each loads
 and compiles afresh, from the warm inductor cache after the first; W12 first in every other set) and pools their
-rounds; `pairs` and `median_pair_speedup` give each set's own figures. After the warm-up each worker's generate
-thread is pinned to a CPU of its own (`--no-pin`: not). A round's rate is
+rounds; `pairs` and `median_pair_speedup` give each set's own figures (`--pin`: each worker's generate thread on
+a CPU of its own after the warm-up). A set's load and compile took 210–360 s on the H200 host (the host's speed
+varies by day): more sets than one per 600 s device call need `--workdir DIR --keep`, then `--reuse` in the next. A round's rate is
 (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
 the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
 (`decode_tok_s`, `speedup_w12_over_bf16`: the exact length guaranteed by a logits processor that runs every
@@ -530,8 +531,9 @@ def main(argv=None) -> dict:
                          "W12 process first in every other set; the figures pool the rounds of all sets and "
                          "`pairs` gives each set's own (a process's host speed varies by up to ~10 %% for the same "
                          "code: only fresh processes average that out)")
-    ap.add_argument("--no-pin", dest="pin", action="store_false",
-                    help="do not pin each worker's generate thread to a CPU of its own after the warm-up")
+    ap.add_argument("--pin", action="store_true",
+                    help="after the warm-up, pin each worker's generate thread to a CPU of its own (measured on the "
+                         "H200 host, 2026-12-02: no steadier, slightly slower on both sides; off by default)")
     ap.add_argument("--sequential", action="store_true",
                     help="load and time one model after the other (each alone on the machine) instead of alternating")
     ap.add_argument("--skip-guard-eval", action="store_true",
