@@ -37,7 +37,9 @@ step) and plain generate(max_new_tokens=n) as users call it (`decode_tok_s_plain
 On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
 batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps);
-`round_gpu`: the SM clock and power nvidia-smi saw during each round (a diagnostic of round-to-round spread).
+`round_gpu` (`--gpu-sample`): the SM clock and power nvidia-smi saw during each round (a diagnostic of round-to-round
+spread; off by default since session 14: in four runs it never saw a clock below 1980 MHz, and a 20 Hz NVML poll
+beside the timed processes is one more thing on the host that could delay them).
 """
 
 from __future__ import annotations
@@ -450,7 +452,7 @@ def run_group(group, specs, common, args, device) -> dict:
     for r in range(args.repeats):
         line = {}
         for name, e in entries.items():
-            with GpuSampler(device.startswith("cuda")) as gpu:
+            with GpuSampler(args.gpu_sample and device.startswith("cuda")) as gpu:
                 line[name] = e.call("round", args.new_tokens)
             gpu_rounds.setdefault(name, []).append(gpu.summary())
         print(f"round {r}: " + ", ".join(
@@ -531,6 +533,8 @@ def main(argv=None) -> dict:
                          "W12 process first in every other set; the figures pool the rounds of all sets and "
                          "`pairs` gives each set's own (a process's host speed varies by up to ~10 %% for the same "
                          "code: only fresh processes average that out)")
+    ap.add_argument("--gpu-sample", action="store_true",
+                    help="diagnostic: nvidia-smi samples the SM clock and power every 50 ms during each round (round_gpu)")
     ap.add_argument("--pin", action="store_true",
                     help="after the warm-up, pin each worker's generate thread to a CPU of its own (measured on the "
                          "H200 host, 2026-12-02: no steadier, slightly slower on both sides; off by default)")
