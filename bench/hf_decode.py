@@ -38,8 +38,8 @@ On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
 batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps);
 `round_gpu` (`--gpu-sample`): the SM clock and power nvidia-smi saw during each round (a diagnostic of round-to-round
-spread; off by default since session 14: in four runs it never saw a clock below 1980 MHz, and a 20 Hz NVML poll
-beside the timed processes is one more thing on the host that could delay them).
+spread; off by default since session 14: in four runs it never saw a clock below 1980 MHz; the poll itself does not
+slow a replay-and-synchronise loop, bench/results/2026-12-02-host-probe-h200-s14.md).
 """
 
 from __future__ import annotations
