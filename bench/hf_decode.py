@@ -28,9 +28,9 @@ rounds within one process cannot average out: `--pairs P` runs P process sets on
 and compiles afresh, from the warm inductor cache after the first; W12 first in every other set) and pools their
 rounds; `pairs` and `median_pair_speedup` give each set's own figures (`--pin`: each worker's generate thread on
 a CPU of its own after the warm-up). A set's load and compile took 210–360 s on the H200 host (the host's speed
-varies by day): more sets than one per 600 s device call need `--workdir DIR --keep`, then `--reuse` in the next. A round's rate is
-(new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so the figure is
-the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
+varies by day): more sets than one per 600 s device call need `--workdir DIR --keep`, then `--reuse` in the next.
+A round's rate is (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and the first token are subtracted, so
+the figure is the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
 (`decode_tok_s`, `speedup_w12_over_bf16`: the exact length guaranteed by a logits processor that runs every
 step) and plain generate(max_new_tokens=n) as users call it (`decode_tok_s_plain`,
 `speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN).
