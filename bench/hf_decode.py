@@ -534,7 +534,8 @@ def main(argv=None) -> dict:
                          "`pairs` gives each set's own (a process's host speed varies by up to ~10 %% for the same "
                          "code: only fresh processes average that out)")
     ap.add_argument("--gpu-sample", action="store_true",
-                    help="diagnostic: nvidia-smi samples the SM clock and power every 50 ms during each round (round_gpu)")
+                    help="diagnostic: nvidia-smi samples the SM clock and power every 50 ms during each round "
+                         "(round_gpu)")
     ap.add_argument("--pin", action="store_true",
                     help="after the warm-up, pin each worker's generate thread to a CPU of its own (measured on the "
                          "H200 host, 2026-12-02: no steadier, slightly slower on both sides; off by default)")

@@ -75,8 +75,8 @@ def main():
     rows = {}
     for r in range(args.rounds):
         for poll in (False, True):
-            proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                                     "-lms", "50"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if poll else None
+            cmd = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if poll else None
             if proc:
                 time.sleep(0.5)
             for n, g in graphs.items():
@@ -84,7 +84,8 @@ def main():
             if proc:
                 proc.terminate()
                 proc.wait()
-    print("\n| graph kernels | nvidia-smi poll | wall µs per step (median of rounds) | graph launch host µs | rounds (wall) |")
+    print("\n| graph kernels | nvidia-smi poll | wall µs per step (median of rounds) | graph launch host µs "
+          "| rounds (wall) |")
     print("|---|---|---|---|---|")
     for (n, poll), v in sorted(rows.items()):
         print(f"| {n} | {'on' if poll else 'off'} | {statistics.median(w for w, _ in v):.0f} | "
