@@ -601,6 +601,7 @@ def main(argv=None) -> dict:
                  "speedup_fused_over_unfused": w12r["decode_tok_s"] / unfused["decode_tok_s"],
                  "fused_unfused_same_tokens": b == c}
     first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    figures = [pair_figures(d) for d in pairs]
     result = {
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
         "model": "tiny-llama" if args.tiny else "llama-3.1-8b-shaped (random weights)",
@@ -614,9 +615,9 @@ def main(argv=None) -> dict:
         "round_ratios": ratios,
         "speedup_w12_over_bf16_plain_generate": w12r["decode_tok_s_plain"] / bf16["decode_tok_s_plain"],
         "round_ratios_plain_generate": ratios_plain,
-        "pairs": [pair_figures(d) for d in pairs],
-        "median_pair_speedup": _median([pair_figures(d)["speedup"] for d in pairs]),
-        "median_pair_speedup_plain_generate": _median([pair_figures(d)["speedup_plain_generate"] for d in pairs]),
+        "pairs": figures,
+        "median_pair_speedup": _median([f["speedup"] for f in figures]),
+        "median_pair_speedup_plain_generate": _median([f["speedup_plain_generate"] for f in figures]),
         # the same rounds read two more ways (host noise only slows a round down): the median of the paired
         # per-round ratios, and the fastest round of each model
         "median_round_ratio": _median(ratios), "median_round_ratio_plain_generate": _median(ratios_plain),
