@@ -57,12 +57,18 @@ def variant(c) -> tuple:
 def identity_check(variants) -> set:
     """Part 1 for the variants (nt, warps, unroll, wg) given: decoded weights through the xs kernel, bit for bit.
     Returns the variants that failed (printed)."""
+    return identity_product([gc.XsConfig(nt, w, u, s, wg=wg) for nt, w, u, wg in variants for s in (1, 3)], variant)
+
+
+def identity_product(cands, variant_of) -> set:
+    """Each config of cands on N = 300 × K = 1024 with escapes, X = the identity (Y = W as the kernel decodes it),
+    with a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes restored.  Returns
+    variant_of(config) for those that failed (printed)."""
     n, k = 300, 1024
     w = make_weight(n, k, 3)
     w.view(-1)[::997] = torch.tensor(100.0, dtype=torch.bfloat16)  # out-of-window weights: escapes
     mt, esc = mat_of(w)
     wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
-    cands = [gc.XsConfig(nt, w, u, s, wg=wg) for nt, w, u, wg in variants for s in (1, 3)]
     bad = set()
     for cfg in cands:
         for m in (8 * cfg.nt, 8 * cfg.nt - 3):  # a full M tile and a partial one
@@ -70,7 +76,7 @@ def identity_check(variants) -> set:
                 yt, yq = mt.seen(m, cuda=cfg), mt.seen(m, view=True, cuda=cfg)
             except RuntimeError as e:  # a launch error
                 print(f"FAIL identity product {cfg} M={m}: {e}", flush=True)
-                bad.add(variant(cfg))
+                bad.add(variant_of(cfg))
                 continue
             fails = [what for what, ok in (
                 ("decode", torch.equal(yt.view(torch.int16)[~esc], w.view(torch.int16)[~esc])),
@@ -78,7 +84,7 @@ def identity_check(variants) -> set:
                 ("view", torch.equal(yq.view(torch.int16)[~esc], wq.view(torch.int16)[~esc]))) if not ok]
             if fails:
                 print(f"FAIL identity product {cfg} M={m}: {', '.join(fails)}", flush=True)
-                bad.add(variant(cfg))
+                bad.add(variant_of(cfg))
     return bad
 
 

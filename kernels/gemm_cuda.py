@@ -1,4 +1,4 @@
-"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, xs): checks, config choice, launch.
+"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, xs, ws): checks, config choice, launch.
 
     if gemm_cuda.usable(x, records, exponents, n):
         y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
@@ -55,6 +55,20 @@ class XsConfig:
     split: int = 1  # CTAs along K
     mfirst: bool = False  # the M tiles of a channel block launched next to each other (W read once from DRAM)
     wg: bool = False  # wgmma instead of mma.sync (X put in wgmma k order first, as for the tensor-core kernel)
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """The warp-specialized kernel (w12_gemm_ws_kernel: 128 channels × 8·nt X rows per CTA; a producer warp streams
+    records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
+    nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
+    split: int = 1  # CTAs along K
+
+
+WS_NTS = (2, 4, 8, 16)
+
+# (N, K, M bucket) -> WsConfig: where the ws kernel measured faster than the other kernels (bench/ws_configs.py).
+WS_TABLE: dict = {}
 
 
 # The xs kernel's compiled variants (nt, warps, unroll, wg) (w12_gemv.cu w12_gemm_xs; split and mfirst are launch
@@ -114,6 +128,8 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
       M ≤ 16: skinny;  17–32: wgmma for the LM heads (N ≥ 100 000) and 28672×4096, else skinny (51200×5120
       180 vs 202 µs, 5120×25600 107 vs 111);  33–64: wgmma from 20 M weights, skinny below (4096²);
       65–128: wgmma (ahead of Triton on every shape)."""
+    if (n, k, xs_bucket(m)) in WS_TABLE:
+        return "ws"
     if (n, k, xs_bucket(m)) in XS_TABLE:
         return "xs"
     if m <= 16:
@@ -272,11 +288,13 @@ TABLE: dict = {
 
 def _load_override():
     """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_XS_TABLE=path.py
-    (an `XS_TABLE = {...}` written by bench/xs_configs.py) replace entries."""
-    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE)):
+    (an `XS_TABLE = {...}` written by bench/xs_configs.py) and W12_WS_TABLE=path.py (a `WS_TABLE = {...}` written by
+    bench/ws_configs.py) replace entries."""
+    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE),
+                             ("W12_WS_TABLE", "WS_TABLE", WS_TABLE)):
         path = os.environ.get(var)
         if path:
-            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig}
+            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig, "WsConfig": WsConfig}
             exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
             table.update(scope[name])
 
@@ -347,7 +365,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | XsConfig | None = None, trace: torch.Tensor | None = None):
+           config: CudaConfig | TcConfig | XsConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
     trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
     TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
@@ -363,7 +381,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     if cfg is None:
         kind = kernel_for(m, n, k)
         cfg = (pick_config(m, n, k, view) if kind == "skinny" else XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs"
-               else pick_tc_config(m, n, k))
+               else WS_TABLE[(n, k, xs_bucket(m))] if kind == "ws" else pick_tc_config(m, n, k))
     if trace is not None and not isinstance(cfg, CudaConfig):
         raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
@@ -375,6 +393,13 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
+    elif isinstance(cfg, WsConfig):
+        mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
+        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
+        xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
+        err = library().w12_gemm_ws(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

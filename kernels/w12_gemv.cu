@@ -1103,6 +1103,237 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
   return cudaGetLastError();
 }
 
+// =================================================================================================
+// W12 GEMM for 9 ≤ M ≤ 128, warp-specialized (the "ws" kernel: bulk copies into a ring, mbarriers, wgmma)
+// =================================================================================================
+// CTA (nb, mb, z) = the 128 channels of record row nb × MT = 8·NT rows of X × the records [a, b) of split z, as
+// 9 warps.  Warp 8 (the producer; lane 0) streams each record — 12 KB as it lies in memory — and its X tile (MT
+// rows of 128 bytes) into slot i % WS_STAGES of a ring with two bulk copies (cp.async.bulk: the copy engine, no
+// registers held, completion counted in bytes on the slot's `full` mbarrier).  Warps 0–7 (two warpgroups of 64
+// channels; warp w owns the 16 channels 16w.., tile c = nb·8 + w) wait on `full`, decode their A fragments from
+// the slot as the tensor-core kernel does, run four wgmma m64n(MT)k16 on the slot's X, add the record's escapes
+// from the slot's X, wait for the wgmma and arrive on the slot's `empty` mbarrier, which the producer waits on
+// before it refills the slot.  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
+// ahead, a slow warp holds back only its own slot.  (The tensor-core kernel instead has every thread issue
+// cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
+// X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
+// xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
+// Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P;\nW12_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+      "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
+}
+
+// X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
+// in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
+// rows m ≥ M are zero.  One thread per 32-bit word.
+__global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq, int M,
+                                int Mpad, int K) {
+  const int words = K / 2;  // 32-bit column pairs per row
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)Mpad * words; i += (long)gridDim.x * blockDim.x) {
+    const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, d = wg_word(w & 31);
+    const uint32_t v = m < M ? reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w] : 0u;
+    xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;
+  }
+}
+
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
+template <int NT>
+__host__ __device__ constexpr int ws_stages() {
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
+}
+
+template <int NT>
+__host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then the record
+  return 8 * NT * 128 + REC;
+}
+
+template <int NT>
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
+}
+
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
+    const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
+    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
+    int* __restrict__ tickets) {
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
+  uint64_t* empty = full + STAGES;                                                           // [STAGES]
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
+  __shared__ __align__(16) uint8_t s_e[128];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
+  const int S = gridDim.z, kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 8);
+    }
+    mbar_init_fence();
+  }
+  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
+  __syncthreads();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  int e_lo = 0, e_hi = 0;
+  float* my_corr = corr + (warp & 7) * 16 * MT;
+  if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
+    const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
+    const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
+    constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
+    for (int i = 0; i < nrec; ++i) {
+      const int s = i % STAGES;
+      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+      if (lane == 0) {
+        uint8_t* slot = ring + s * SLOT;
+        mbar_expect(full + s, XB + WBYTES);
+        bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+      }
+      __syncwarp();
+    }
+  } else {  // ---- consumers
+    const int c = nb * 8 + warp;  // this warp's 16-channel tile
+    const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+    const int nsh = (t >> 1) * 4;
+    int* my_toff = s_toff + warp * (kps + 1);
+    uint2* my_ent = s_ent + warp * WS_ECAP;
+    if (!VIEW) {
+      for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+      __syncwarp();
+      e_lo = my_toff[0];
+      e_hi = my_toff[nrec];
+      for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
+        my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
+    }
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+    __syncwarp();
+
+    for (int i = 0; i < nrec; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(full + s, (i / STAGES) & 1);
+      const uint8_t* slot = ring + s * SLOT;
+      const uint4 va = *reinterpret_cast<const uint4*>(slot + v0), vb = *reinterpret_cast<const uint4*>(slot + v1);
+      uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+      if (!VIEW) {
+        na = *reinterpret_cast<const uint4*>(slot + n0);
+        nbw = *reinterpret_cast<const uint4*>(slot + n1);
+      }
+      uint32_t fa[4][4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t nwa = VIEW ? 0u : word(na, k) >> nsh, nwb = VIEW ? 0u : word(nbw, k) >> nsh;
+        decode4<VIEW>(word(va, k), nwa, fa[k][0], fa[k][2]);
+        decode4<VIEW>(word(vb, k), nwb, fa[k][1], fa[k][3]);
+      }
+      const uint32_t xa = saddr(slot);
+      fence_acc(acc);
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
+      wg_commit();
+      if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
+        const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
+        for (int e = i0; e < i1; ++e) {
+          const uint2 en = my_ent[e];
+          const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+          const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+          const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+          for (int m = lane; m < MT; m += 32) {
+            const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+            my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[rl * MT + m]);
+          }
+        }
+      }
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
+    }
+    fence_acc(acc);  // the accumulators are read only after the last wait
+  }
+  __syncthreads();  // every slot consumed: the ring holds the warps' sums [128][MT] from here on
+  const int mcount = min(MT, M - m0);
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = reinterpret_cast<float*>(ring) + warp * 16 * MT;  // [16][MT]: rows 16·warp + r
+    store_acc<NT>(red, acc, g, t);
+    for (int idx = lane; idx < 16 * MT; idx += 32)
+      red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + idx / MT] << 23) + my_corr[idx];
+    __syncwarp();
+    if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
+      for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
+        const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+        const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+        const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+        for (int m = lane; m < mcount; m += 32)
+          red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
+        __syncwarp();
+      }
+    }
+  }
+  finish_tile<128, MT, WS_THREADS>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);
+}
+
+template <int NT, bool VIEW>
+cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      void* xq, cudaStream_t st) {
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
+  const int kps = (KB + split - 1) / split;
+  const size_t smem = ws_smem<NT>(kps);
+  static size_t set = 0;
+  if (smem > set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = smem;
+  }
+  const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
+  const long words = (long)mpad * KB * 32;
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
+  dim3 grid(NB, mtiles, split);
+  kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
+                                       (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
+                                       (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+  return cudaGetLastError();
+}
+
 struct Args {
   const void *x, *rec, *expo, *toff, *tent;
   void *y, *ws, *tickets;
@@ -1240,5 +1471,24 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 #undef W12_XSG
 #undef W12_XS4
 #undef W12_XS
+  return (int)cudaErrorInvalidValue;
+}
+
+// The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
+// [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
+// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
+extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
+                           void* ws, void* tickets, void* xq, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
+#define W12_WS(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
+  W12_WS4(false) W12_WS4(true)
+#undef W12_WS4
+#undef W12_WS
   return (int)cudaErrorInvalidValue;
 }
