@@ -5,13 +5,12 @@ shape, M = 16…128.  One GPU call.
     W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--out DIR]
 
 1. Identity product (bench/xs_configs.identity_product): every in-window weight decoded bit-exact, every escape
-   restored, W12 and 8-bit view, for nt 2/4/8/16 × split 1/3 × cluster 1/2/4 with full and partial M tiles, on
-   N = 300 (3 record rows, the last partial: clusters of 2 and 4 get a padding CTA) × K = 1024 (16 records: the
-   ring wraps).  Each nt in its own process with a time limit, so
+   restored, W12 and 8-bit view, for nt 2/4/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
+   partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
-2. Per (shape, M): every split 1/2/4/8 × cluster 1/2/4 of the nt that holds M (at M = 128 also nt 8: two M
-   tiles) checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same
-   bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch.
+2. Per (shape, M): every split 1/2/4/8 of the nt that holds M (at M = 128 also nt 8: two M tiles) checked against
+   the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
+   bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch.
    Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
    (N, K, M) where it beats today's dispatch (W12_WS_TABLE=OUT/ws_table.py makes gemm_cuda dispatch to those).
 """
@@ -33,10 +32,10 @@ from xs_configs import identity_product  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
-def configs(m: int, k: int, splits=(1, 2, 4, 8), clusters=(1, 2, 4)):
+def configs(m: int, k: int, splits=(1, 2, 4, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt == 16 else (nt,)
-    return [gc.WsConfig(v, s, c) for v in nts for s in splits if s <= k // 64 for c in clusters]
+    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
 
 
 def identity_isolated(limit_s: int = 180) -> set:
@@ -66,7 +65,7 @@ def main():
     ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
     args = ap.parse_args()
     if args.identity:
-        bad = identity_product([gc.WsConfig(args.identity, s, c) for s in (1, 3) for c in (1, 2, 4)], lambda c: c.nt)
+        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
     bad = identity_isolated()
@@ -91,7 +90,8 @@ def main():
         t_best = res[best] if best else float("nan")
         rows.append(dict(n=n, k=k, m=m, cublas=t_cublas, today=t_now, kind=kind, ws=t_best, cfg=repr(best),
                          err=worst, all={repr(c): t for c, t in res.items()}))
-        print(f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | {best}: {t_best:.1f} "
+        print(f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | "
+              f"nt {best.nt if best else '-'} split {best.split if best else '-'}: {t_best:.1f} "
               f"({t_cublas / t_best:.2f}×) | {t_now / t_best:.2f}× | {worst:.1e} |", flush=True)
         write(args, rows, best_of, bad)  # after every case: a run cut short keeps what it measured
     write(args, rows, best_of, bad)

@@ -63,7 +63,6 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    cluster: int = 1  # CTAs (neighbouring record rows) that read each X tile from L2 once between them: 1, 2 or 4
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -395,12 +394,12 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
     elif isinstance(cfg, WsConfig):
-        mtiles, nbc = (m + 8 * cfg.nt - 1) // (8 * cfg.nt), (nb + cfg.cluster - 1) // cfg.cluster * cfg.cluster
-        ws, tk = _split_buffers(x.device, y, nbc * mtiles, cfg.split, 128 * 8 * cfg.nt)
-        xq = torch.empty(mtiles * 8 * cfg.nt, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order
+        mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
+        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
+        xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, cfg.cluster, _p(ws), _p(tk), _p(xq), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

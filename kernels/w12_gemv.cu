@@ -1118,12 +1118,6 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
 // xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
-// Clusters of CL = 1, 2 or 4 CTAs along N (neighbouring record rows, the same M tile and records): CTA r of the
-// cluster copies rows [r·MT/CL, (r+1)·MT/CL) of each X tile into the slot of EVERY CTA of the cluster (bulk
-// multicast), so X crosses from L2 once per CL·128 channels — at M ≥ 32 the X tiles, re-read per CTA, are
-// what bounds the kernel (L2 → SM traffic, 2026-12-02-ws-configs-h200-s15-call1.md).  A slot is refilled once
-// the consumers of all CL CTAs released it (`empty` counts 8·CL arrivals, remote ones by mapa).  The grid is
-// padded to whole clusters: a CTA past the last record row takes part in the X traffic and computes nothing.
 // Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
@@ -1147,39 +1141,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
-}
-
-// ---- thread-block clusters (sm_90): the CTAs of a cluster read each X tile from L2 once between them
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ uint32_t cluster_size() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-// every thread of every CTA of the cluster (a CTA-wide barrier too); memory before it visible cluster-wide after it
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-// the same copy into the same shared-memory offset of every CTA of `mask`, each counted on its own mbarrier at bar's offset
-__device__ __forceinline__ void bulk_g2s_multicast(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                                   uint16_t mask) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
-               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)), "h"(mask) : "memory");
-}
-// arrive on the mbarrier at bar's offset in CTA `rank` of the cluster
-__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t rank) {
-  asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-               "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}" ::"r"(saddr(bar)), "r"(rank) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {  // arrivals from the cluster
-  asm volatile(
-      "{\n.reg .pred P;\nW12_CWAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P, [%0], %1;\n"
-      "@!P bra W12_CWAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
 }
 
 // X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
@@ -1216,8 +1177,8 @@ template <int NT, bool VIEW>
 __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
-    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int NB, int KB,
-    float* __restrict__ ws, int* __restrict__ tickets) {
+    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
+    int* __restrict__ tickets) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
@@ -1232,22 +1193,17 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
-  const bool ghost = nb >= NB;  // a cluster's padding CTA: X traffic only
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
-  const uint32_t CL = cluster_size(), rank = cluster_rank();
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, 8 * CL);
+      mbar_init(empty + s, 8);
     }
     mbar_init_fence();
   }
-  if (tid < 8) {
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(s_e)[tid] = ghost ? z4 : __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
-  }
-  cluster_sync();  // every CTA's barriers initialised before any copy or arrival reaches them
+  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
+  __syncthreads();
 
   float acc[NT][4];
 #pragma unroll
@@ -1257,18 +1213,15 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
     const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
     const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
-    const uint32_t WBYTES = ghost ? 0 : VIEW ? VIEW_BYTES : REC, XPART = XB / CL;
+    constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
     for (int i = 0; i < nrec; ++i) {
       const int s = i % STAGES;
-      // the consumers of every CTA of the cluster are done with the slot
-      if (i >= STAGES) mbar_wait_cluster(empty + s, ((i / STAGES) - 1) & 1);
+      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
       if (lane == 0) {
         uint8_t* slot = ring + s * SLOT;
         mbar_expect(full + s, XB + WBYTES);
-        const uint8_t* xi = xsrc + (size_t)i * Mpad * 128;
-        if (CL == 1) bulk_g2s(slot, xi, XB, full + s);
-        else bulk_g2s_multicast(slot + rank * XPART, xi + rank * XPART, XPART, full + s, (uint16_t)((1u << CL) - 1));
-        if (!ghost) bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+        bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
       }
       __syncwarp();
     }
@@ -1280,7 +1233,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
     if (!VIEW) {
-      for (int i = lane; i <= nrec; i += 32) my_toff[i] = ghost ? 0 : __ldg(toff + (long)c * KB + a + i);
+      for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
       __syncwarp();
       e_lo = my_toff[0];
       e_hi = my_toff[nrec];
@@ -1328,17 +1281,11 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       }
       wg_wait0();
       __syncwarp();
-      if (lane == 0) {  // this warp is done with the slot (A bytes, X by wgmma and escapes), in every CTA's count
-        if (CL == 1) mbar_arrive(empty + s);
-        else
-          for (uint32_t r = 0; r < CL; ++r) mbar_arrive_remote(empty + s, r);
-      }
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
-  // every slot of every CTA of the cluster consumed (no copy or arrival still on its way here): the ring holds
-  // the warps' sums [128][MT] from here on, and the CTA may exit
-  cluster_sync();
+  __syncthreads();  // every slot consumed: the ring holds the warps' sums [128][MT] from here on
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
     float* red = reinterpret_cast<float*>(ring) + warp * 16 * MT;  // [16][MT]: rows 16·warp + r
@@ -1364,8 +1311,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, int cluster, void* ws,
-                      void* tickets, void* xq, cudaStream_t st) {
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      void* xq, cudaStream_t st) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
@@ -1380,21 +1327,11 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((NB + cluster - 1) / cluster * cluster, mtiles, split);  // whole clusters
-  cfg.blockDim = dim3(WS_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
-                            (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy,
-                            N, NB, KB, (float*)ws, (int*)tickets);
+  dim3 grid(NB, mtiles, split);
+  kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
+                                       (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
+                                       (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+  return cudaGetLastError();
 }
 
 struct Args {
@@ -1538,19 +1475,17 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 }
 
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// split: CTAs along K; cluster: CTAs sharing each X tile (1, 2, 4; the grid is NBc = NB rounded up to a multiple).
-// split > 1 needs ws: fp32 [NBc · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros [NBc · ceil(M / 8nt)],
-// left at zero.  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order (w12_x_ws_kernel, launched
-// first on the stream).  Same tensors and preconditions as w12_gemv.
+// split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
+// [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
+// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           int cluster, void* ws, void* tickets, void* xq, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-  if (cluster != 1 && cluster != 2 && cluster != 4) return (int)cudaErrorInvalidValue;
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
-    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, cluster, ws, tickets, xq, st);
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
 #define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
