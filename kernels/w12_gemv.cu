@@ -1119,6 +1119,8 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
 // xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
 // Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
+// (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
+// by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }

@@ -26,15 +26,20 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice(monkeypatch):
-    """The xs kernel where XS_TABLE measured it faster; elsewhere the skinny kernel up to 16 rows and for narrow
+    """The ws kernel where WS_TABLE measured it faster, then the xs kernel where XS_TABLE did; elsewhere the skinny
+    kernel up to 16 rows and for narrow
     matrices, the wgmma tensor-core kernel from 17 rows on the LM heads and 28672×4096 and from 33 rows from 20 M
     weights (where each measured faster); nt covers M, split comes from the measured TC_SPLIT, else fills the GPU
     and stays ≤ 8 (the split-K reduction keeps at most 8 partials in flight)."""
     kf = gc.kernel_for
-    assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "xs"
+    assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
+    assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
+    assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == "skinny" and kf(16, 28672, 4096) == "skinny"
+    assert kf(32, 4096, 14336) == "xs" and kf(16, 10240, 5120) == "skinny"
+    monkeypatch.setattr(gc, "WS_TABLE", {})
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == "xs"
-    assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == "skinny" and kf(64, 6144, 4096) == "wgmma"
-    monkeypatch.setattr(gc, "XS_TABLE", {})  # the rule below the table
+    assert kf(64, 6144, 4096) == "wgmma"
+    monkeypatch.setattr(gc, "XS_TABLE", {})  # the rule below the tables
     assert kf(1, 151936, 5120) == kf(16, 151936, 5120) == kf(32, 14336, 4096) == "skinny"
     assert kf(64, 4096, 4096) == "skinny" and kf(48, 4096, 4096) == "skinny"
     assert kf(32, 51200, 5120) == kf(32, 5120, 25600) == "skinny"
@@ -79,6 +84,7 @@ def test_xs_table_dispatch(tmp_path, monkeypatch):
     p.write_text("XS_TABLE = {\n    (6144, 4096, 32): XsConfig(nt=4, warps=8, unroll=1, split=4, mfirst=False),\n"
                  "    (6144, 4096, 128): XsConfig(8, 8, 1, 2, True),\n}\n")
     monkeypatch.setenv("W12_XS_TABLE", str(p))
+    monkeypatch.setattr(gc, "WS_TABLE", {})  # the ws kernel's measured entries come first
     saved = dict(gc.XS_TABLE)
     try:
         before = [gc.kernel_for(m, 6144, 4096) for m in (1, 16, 32, 64, 128)]
@@ -90,6 +96,27 @@ def test_xs_table_dispatch(tmp_path, monkeypatch):
     finally:
         gc.XS_TABLE.clear()
         gc.XS_TABLE.update(saved)
+
+
+def test_ws_table_dispatch(tmp_path, monkeypatch):
+    """Every measured ws entry is a compiled nt that holds its M bucket (two M tiles of nt 8 allowed at 128), split
+    ≤ min(8, K / 64); a ws_table.py written by bench/ws_configs.py (W12_WS_TABLE) sends its entries to the ws kernel
+    ahead of the xs table."""
+    assert all(c.nt in gc.WS_NTS and (b <= 8 * c.nt or (b, c.nt) == (128, 8)) and 1 <= c.split <= min(8, k // 64)
+               for (n, k, b), c in gc.WS_TABLE.items())
+    assert (4096, 14336, 32) in gc.XS_TABLE and (4096, 14336, 32) not in gc.WS_TABLE
+    p = tmp_path / "ws_table.py"
+    p.write_text("WS_TABLE = {\n    (4096, 14336, 32): WsConfig(nt=4, split=4),\n}\n")
+    monkeypatch.setenv("W12_WS_TABLE", str(p))
+    saved = dict(gc.WS_TABLE)
+    try:
+        gc._load_override()
+        assert gc.WS_TABLE[(4096, 14336, 32)] == gc.WsConfig(4, 4)
+        assert gc.kernel_for(32, 4096, 14336) == gc.kernel_for(17, 4096, 14336) == "ws"
+        assert gc.kernel_for(16, 4096, 14336) == "skinny" and gc.kernel_for(1, 4096, 14336) == "skinny"
+    finally:
+        gc.WS_TABLE.clear()
+        gc.WS_TABLE.update(saved)
 
 
 def test_not_usable_on_cpu():
