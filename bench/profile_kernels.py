@@ -6,7 +6,9 @@
     ncu --import prof.ncu-rep --csv --page details > details.csv; ncu --import prof.ncu-rep --csv --page raw > raw.csv
     python bench/profile_kernels.py --summarize details.csv --raw raw.csv --names names.txt
 
-With W12_XS_TABLE=xs_table.py (bench/xs_configs.py) the xs kernel's config for the shape is profiled too.
+With W12_XS_TABLE=xs_table.py (bench/xs_configs.py) the xs kernel's config for the shape is profiled too, and the
+ws kernel's where WS_TABLE names one.  The tensor-core, xs (wgmma) and ws kernels launch an X-reordering kernel first:
+profile with --kernel-name regex:"gemm|gemv|nvjet" so that the n-th profiled kernel stays the n-th variant.
 Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
 starts, then launched once inside cudaProfilerStart/Stop, in the order of VARIANTS (printed to stderr),
 so the n-th profiled kernel is the n-th variant.
@@ -58,6 +60,9 @@ def variants(cases=DEFAULT_CASES):
             if (n, k, gc.xs_bucket(m)) in gc.XS_TABLE:  # the xs kernel where an XS_TABLE (W12_XS_TABLE) names one
                 c = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
                 cands.append((f"xs {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+            if (n, k, gc.xs_bucket(m)) in gc.WS_TABLE:  # the ws kernel where WS_TABLE (or W12_WS_TABLE) names one
+                c = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
+                cands.append((f"ws {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
             for name, fn in cands:
                 y = fn()
                 if "view" not in name and "floor" not in name:
@@ -82,7 +87,7 @@ def run(cases=DEFAULT_CASES):
 
 KEEP = {
     "Duration": "µs", "DRAM Throughput": "dram%", "Memory Throughput": "mem%", "Compute (SM) Throughput": "sm%",
-    "Achieved Occupancy": "occ%", "Registers Per Thread": "regs", "Block Limit Registers": "blk/reg",
+    "L2 Cache Throughput": "l2%", "Achieved Occupancy": "occ%", "Registers Per Thread": "regs", "Block Limit Registers": "blk/reg",
     "Block Limit Shared Mem": "blk/smem", "Warp Cycles Per Issued Instruction": "cyc/issue",
     "Issued Warp Per Scheduler": "issue/sch", "Grid Size": "grid", "Block Size": "block",
     # with --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct (what DRAM delivered, against the weights' bytes)
