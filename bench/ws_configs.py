@@ -10,7 +10,8 @@ shape, M = 16…128.  One GPU call.
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
 2. Per (shape, M): every split 1/2/4/8 of the nt that holds M (at M = 128 also nt 8: two M tiles) checked against
    the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
-   bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch.
+   bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch
+   without the ws kernel (WS_TABLE emptied).
    Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
    (N, K, M) where it is at least 3 % faster than today's dispatch (W12_WS_TABLE=OUT/ws_table.py makes gemm_cuda
    dispatch to those).
@@ -69,6 +70,7 @@ def main():
         bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
+    gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
     bad = identity_isolated()
     rows, best_of, raw = [], {}, []
     for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")]):
