@@ -585,7 +585,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -1113,9 +1112,8 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // registers held, completion counted in bytes on the slot's `full` mbarrier).  Warps 0–7 (two warpgroups of 64
 // channels; warp w owns the 16 channels 16w.., tile c = nb·8 + w) wait on `full`, decode their A fragments from
 // the slot as the tensor-core kernel does, run four wgmma m64n(MT)k16 on the slot's X, add the record's escapes
-// from the slot's X, then wait for the PREVIOUS record's wgmma (one group stays in flight: the tensor cores work
-// while the warp waits for and decodes the next slot) and arrive on that record's slot's `empty` mbarrier, which
-// the producer waits on before it refills the slot.  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
+// from the slot's X, wait for the wgmma and arrive on the slot's `empty` mbarrier, which the producer waits on
+// before it refills the slot.  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
 // ahead, a slow warp holds back only its own slot.  (The tensor-core kernel instead has every thread issue
 // cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
@@ -1283,13 +1281,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
           }
         }
       }
-      // record i − 1's wgmma done (record i's stays in flight while the next slot is waited for and decoded): this
-      // warp is done with slot i − 1 (A bytes, X by wgmma and escapes)
-      wg_wait1();
+      wg_wait0();
       __syncwarp();
-      if (lane == 0 && i > 0) mbar_arrive(empty + (i - 1) % STAGES);
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
-    wg_wait0();
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
   __syncthreads();  // every slot consumed: the ring holds the warps' sums [128][MT] from here on
