@@ -5,13 +5,14 @@ shape, M = 16…128.  One GPU call.
     W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--out DIR]
 
 1. Identity product (bench/xs_configs.identity_product): every in-window weight decoded bit-exact, every escape
-   restored, W12 and 8-bit view, for every compiled (nt, mh) (gemm_cuda.WS_VARIANTS) × split 1/3 with full and
-   partial M tiles, on N = 300 (a partial record row) × K = 1024 (16 records: the ring wraps).  Each variant in its
-   own process with a time limit, so an illegal access or a hang (an mbarrier waiting forever) disqualifies only it.
-2. Per (shape, M): every split 1/2/4/8 × mh 1/2 of the nt that holds M (at M = 128 also nt 8: two M tiles)
-   checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then
-   timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's
-   dispatch without the ws kernel (WS_TABLE emptied).  Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
+   restored, W12 and 8-bit view, for nt 2/4/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
+   partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
+   an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
+2. Per (shape, M): every split 1/2/4/8 of the nt that holds M (at M = 128 also nt 8: two M tiles) checked against
+   the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
+   bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch
+   without the ws kernel (WS_TABLE emptied).
+   Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
    (N, K, M) where it is at least 3 % faster than today's dispatch (W12_WS_TABLE=OUT/ws_table.py makes gemm_cuda
    dispatch to those).
 """
@@ -36,18 +37,13 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 def configs(m: int, k: int, splits=(1, 2, 4, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt == 16 else (nt,)
-    return [gc.WsConfig(v, s, h) for v in nts for h in (1, 2) if (v, h) in gc.WS_VARIANTS
-            for s in splits if s <= k // 64]
-
-
-def variant(c) -> tuple:
-    return c.nt, c.mh
+    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
 
 
 def identity_isolated(limit_s: int = 180) -> set:
-    """Part 1, one process per compiled (nt, mh), all at once; returns those that failed, crashed or hung."""
-    procs = {v: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--identity", f"{v[0]},{v[1]}"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for v in gc.WS_VARIANTS}
+    """Part 1, one process per nt, all at once; returns the nts that failed, crashed or hung."""
+    procs = {nt: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--identity", str(nt)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for nt in gc.WS_NTS}
     bad = set()
     for nt, p in procs.items():
         try:
@@ -56,11 +52,11 @@ def identity_isolated(limit_s: int = 180) -> set:
             p.kill()
             out = p.communicate()[0] + f"\n(no result within {limit_s} s: a hang)"
         if p.returncode != 0:
-            print(f"FAIL identity product, (nt, mh) {nt}: exit {p.returncode}: "
+            print(f"FAIL identity product, nt {nt}: exit {p.returncode}: "
                   f"{' | '.join(out.strip().splitlines()[-3:])}", flush=True)
             bad.add(nt)
-    print(f"identity product: {len(procs) - len(bad)} of {len(procs)} (nt, mh) bit-exact (W12 and view, escapes, "
-          f"full and partial M tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
+    print(f"identity product: {len(procs) - len(bad)} of {len(procs)} nt bit-exact (W12 and view, escapes, full and "
+          f"partial M tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
     return bad
 
 
@@ -68,11 +64,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="16,32,48,64,128")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--identity", help="only part 1 for one variant nt,mh (exit 1 if it fails)")
+    ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
     args = ap.parse_args()
     if args.identity:
-        nt, mh = (int(v) for v in args.identity.split(","))
-        bad = identity_product([gc.WsConfig(nt, s, mh) for s in (1, 3)], variant)
+        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
     gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
@@ -82,13 +77,13 @@ def main():
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))
         res, worst = {}, 0.0
         for cfg in configs(m, k):
-            if variant(cfg) in bad:
+            if cfg.nt in bad:
                 continue
             y = mt.run(x, cuda=cfg)
             err, same = rel(y, ref), all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
             if err >= 1e-2 or not same:
                 print(f"FAIL {n}x{k} M={m} {cfg}: relative error {err:.2e}, deterministic {same}", flush=True)
-                bad.add(variant(cfg))
+                bad.add(cfg.nt)
                 continue
             worst = max(worst, err)
             res[cfg] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
@@ -128,7 +123,7 @@ def write(args, rows, best_of, bad):
         f"- command: `W12_CUDA=1 python bench/ws_configs.py --ms {args.ms} --out $OUT`",
         "- µs: CUDA graph replay, do_bench median, L2 flushed; every config checked first (identity product "
         "bit-exact; relative ∞-norm error < 1e-2; 3 runs the same bits)",
-        f"- (nt, mh) that failed a check: {sorted(bad) or 'none'}", "",
+        f"- nt that failed a check: {sorted(bad) or 'none'}", "",
         "| N×K | M | cuBLAS µs | today: kernel µs (vs cuBLAS) | best ws µs (vs cuBLAS) | ws vs today "
         "| worst rel. error |", "|---|---|---|---|---|---|---|", *table, "",
         "Ratios to cuBLAS, geometric mean over the shapes measured:", "",

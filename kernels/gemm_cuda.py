@@ -63,11 +63,9 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    mh: int = 1  # 2 (nt ≥ 4): four consumer warpgroups, each pair on one half of the M tile
 
 
 WS_NTS = (2, 4, 8, 16)
-WS_VARIANTS = ((2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (16, 1), (16, 2))  # compiled (nt, mh)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than what was dispatched before it
 # (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15-call1.md: 37 of the 50; 1.13–1.31× from M = 48 on, 1.04–1.18×
@@ -442,7 +440,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, cfg.mh, _p(ws), _p(tk), _p(xq), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

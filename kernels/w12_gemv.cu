@@ -1121,14 +1121,7 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
 // (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
 // by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.)
-// MH = 2 (nt ≥ 4): four consumer warpgroups, the second pair on the other half of the M tile (warp w: channels
-// 16·(w % 8).., X rows (w / 8)·MT/2..): twice the warps issuing wgmma per record, each decoding its 16 channels.
-constexpr int WS_ECAP = 64;  // escape entries per warp staged in shared memory
-
-template <int MH>
-__host__ __device__ constexpr int ws_threads() {  // 8·MH consumer warps + the producer warp
-  return (8 * MH + 1) * 32;
-}
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -1165,11 +1158,10 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16 (and with MH = 2, whose offsets and
-// entries take twice the room)
-template <int NT, int MH>
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
+template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : MH == 1 ? 5 : 4;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -1177,33 +1169,30 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
   return 8 * NT * 128 + REC;
 }
 
-template <int NT, int MH>
-size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8·MH][16][MT/MH], entries [8·MH][ECAP], offsets [8·MH][kps + 1],
-  // barriers
-  return 1024 + (size_t)ws_stages<NT, MH>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * MH * WS_ECAP * 8 +
-         8 * MH * (kps + 1) * 4 + 2 * ws_stages<NT, MH>() * 8;
+template <int NT>
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
 }
 
-template <int NT, bool VIEW, int MH>
-__global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2) w12_gemm_ws_kernel(
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT, MH>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  constexpr int CW = 8 * MH, NTH = NT / MH, MTH = MT / MH;  // consumer warps; n-tiles and X rows per warp
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [CW][16][MTH]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [CW][ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + CW * WS_ECAP);                        // [STAGES]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [CW][kps + 1]
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int tw = warp & 7, mh = warp >> 3;  // consumer warp: its 16 channels 16·tw.. and X rows mh·MTH..
   const int g = lane >> 2, t = lane & 3;
   const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
   const int S = gridDim.z, kps = (KB + S - 1) / S;
@@ -1211,19 +1200,19 @@ __global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2)
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, CW);
+      mbar_init(empty + s, 8);
     }
     mbar_init_fence();
   }
   if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  float acc[NTH][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int j = 0; j < NTH; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
-  float* my_corr = corr + min(warp, CW - 1) * 16 * MTH;
-  if (warp == CW) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
+  float* my_corr = corr + (warp & 7) * 16 * MT;
+  if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
     const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
     const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
     constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
@@ -1239,9 +1228,9 @@ __global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2)
       __syncwarp();
     }
   } else {  // ---- consumers
-    const int c = nb * 8 + tw;  // this warp's 16-channel tile
-    const int v0 = XB + (16 * tw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-    const int n0 = XB + VIEW_BYTES + (16 * tw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+    const int c = nb * 8 + warp;  // this warp's 16-channel tile
+    const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const int nsh = (t >> 1) * 4;
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
@@ -1253,7 +1242,7 @@ __global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2)
       for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
         my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
     }
-    for (int i = lane; i < 16 * MTH; i += 32) my_corr[i] = 0.f;
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
     __syncwarp();
 
     for (int i = 0; i < nrec; ++i) {
@@ -1273,11 +1262,11 @@ __global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2)
         decode4<VIEW>(word(va, k), nwa, fa[k][0], fa[k][2]);
         decode4<VIEW>(word(vb, k), nwb, fa[k][1], fa[k][3]);
       }
-      const uint32_t xa = saddr(slot) + mh * MTH * 128;  // this warpgroup's X rows (whole swizzle atoms)
+      const uint32_t xa = saddr(slot);
       fence_acc(acc);
       wg_fence();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma_k16<NTH>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
+      for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
       wg_commit();
       if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
         const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
@@ -1285,10 +1274,10 @@ __global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2)
           const uint2 en = my_ent[e];
           const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
           const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
-          const float d = wv - __int_as_float(((int)s_e[16 * tw + rl] - 15) << 23);
-          for (int m = lane; m < MTH; m += 32) {
-            const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(mh * MTH + m, col));
-            my_corr[rl * MTH + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[rl * MTH + m]);
+          const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+          for (int m = lane; m < MT; m += 32) {
+            const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+            my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[rl * MT + m]);
           }
         }
       }
@@ -1300,46 +1289,36 @@ __global__ void __launch_bounds__(ws_threads<MH>(), NT >= 16 || MH == 2 ? 1 : 2)
   }
   __syncthreads();  // every slot consumed: the ring holds the warps' sums [128][MT] from here on
   const int mcount = min(MT, M - m0);
-  if (warp < CW) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
-    float* red = reinterpret_cast<float*>(ring) + 16 * tw * MT + mh * MTH;  // its [16][MTH] block of [128][MT]
-#pragma unroll
-    for (int j = 0; j < NTH; ++j) {  // the wgmma D layout: rows g, g + 8, columns 8j + 2t, +1
-      red[g * MT + 8 * j + 2 * t] = acc[j][0];
-      red[g * MT + 8 * j + 2 * t + 1] = acc[j][1];
-      red[(g + 8) * MT + 8 * j + 2 * t] = acc[j][2];
-      red[(g + 8) * MT + 8 * j + 2 * t + 1] = acc[j][3];
-    }
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = reinterpret_cast<float*>(ring) + warp * 16 * MT;  // [16][MT]: rows 16·warp + r
+    store_acc<NT>(red, acc, g, t);
+    for (int idx = lane; idx < 16 * MT; idx += 32)
+      red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + idx / MT] << 23) + my_corr[idx];
     __syncwarp();
-    for (int idx = lane; idx < 16 * MTH; idx += 32) {
-      const int r = idx / MTH, m = idx % MTH;
-      red[r * MT + m] = red[r * MT + m] * __int_as_float((int)s_e[16 * tw + r] << 23) + my_corr[idx];
-    }
-    __syncwarp();
-    const int mrows = min(MTH, M - m0 - mh * MTH);  // this warp's real X rows (≤ 0: none)
     if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
       for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
         const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
         const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
         const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
-        const float d = wv - __int_as_float(((int)s_e[16 * tw + rl] - 15) << 23);
-        for (int m = lane; m < mrows; m += 32)
-          red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + mh * MTH + m) * ldx + col]), d, red[rl * MT + m]);
+        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+        for (int m = lane; m < mcount; m += 32)
+          red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
         __syncwarp();
       }
     }
   }
-  finish_tile<128, MT, ws_threads<MH>()>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, WS_THREADS>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
-template <int NT, bool VIEW, int MH>
+template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st) {
-  static_assert(128 * 8 * NT * 4 <= ws_stages<NT, MH>() * ws_slot<NT>(), "the sums fit in the ring");
-  auto kern = w12_gemm_ws_kernel<NT, VIEW, MH>;
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
-  const size_t smem = ws_smem<NT, MH>(kps);
+  const size_t smem = ws_smem<NT>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1351,7 +1330,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, ws_threads<MH>(), smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
+  kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                                        (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
                                        (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
@@ -1498,20 +1477,18 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 }
 
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// mh: 1, or 2 (nt ≥ 4) for four consumer warpgroups on the two halves of the M tile;
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
 // (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           int mh, void* ws, void* tickets, void* xq, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-#define W12_WS(NTV, V, MHV) \
-  if (nt == NTV && !!view == V && mh == MHV) \
-    return launch_ws<NTV, V, MHV>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
-#define W12_WS4(V) W12_WS(2, V, 1) W12_WS(4, V, 1) W12_WS(8, V, 1) W12_WS(16, V, 1) W12_WS(4, V, 2) W12_WS(8, V, 2) \
-  W12_WS(16, V, 2)
+#define W12_WS(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
 #undef W12_WS
