@@ -1120,7 +1120,11 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
 // Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
 // (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
-// by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.)
+// by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.  Leaving one wgmma
+// group in flight across records: wrong results — the next record's A fragments land in registers the in-flight
+// wgmma still reads, and pinning them makes ptxas serialize the wgmma; b90770f, -call6-wait1-FAILED.md.  Four
+// consumer warpgroups on the two halves of the M tile: slower everywhere; cc880a6, -call7-mh2.md.  The profile,
+// 2026-12-02-kernels-ncu-ws-h200-s15.md: at M = 128 neither L2 nor DRAM is the limit but the per-record chain.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
