@@ -178,7 +178,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
 @pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_tc",
-                                                       "w12_gemm_xs"]),
+                                                       "w12_gemm_xs", "w12_gemm_ws"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
@@ -210,6 +210,9 @@ def test_configs_name_compiled_kernels(tmp_path):
         return lib.w12_gemm_xs(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, warps, unroll, 1, p, p, 0, int(wg),
                                p, p)
 
+    def ws(nt, split, view):
+        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p)
+
     shapes = [(n, k) for n, k, _, _ in gc.TABLE] + [(512, 8192), (999 * 128, 4096), (3072, 4096)]
     skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
                                             for m in (1, 8, 16, 32, 64) for v in (False, True)}
@@ -218,7 +221,10 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
     assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
     assert all(xs(c.nt, c.warps, c.unroll, c.wg, v) not in (0, 1) for c in gc.XS_TABLE.values() for v in (0, 1))
+    assert all(ws(nt, 1, v) not in (0, 1) for nt in gc.WS_NTS for v in (0, 1))
+    assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
     # and the dispatchers do refuse what they do not compile
+    assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
 
