@@ -301,7 +301,9 @@ __device__ __forceinline__ void store_acc(float* red, const float (&acc)[NT][4],
 // The end of a CTA that owns CH channels (rows n0 .. of y) × mcount X rows of a tile whose sums are cta_red
 // [CH][MT]: with S > 1 the split-K reduction (splitk_last4; false for every CTA but the tile's last), then the
 // bf16 store, consecutive threads at consecutive n.
-template <int CH, int MT, int THREADS>
+// MMAJOR: cta_red is [MT][CH] instead (the ws kernel): the store loop's shared-memory reads, consecutive r across a
+// warp, are then consecutive words, where [CH][MT] puts them MT words apart (one bank: 32-way conflicts at MT = 128).
+template <int CH, int MT, int THREADS, bool MMAJOR = false>
 __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int S, int* s_last,
                                             __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
   if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
@@ -309,7 +311,7 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
   __syncthreads();
   for (int idx = threadIdx.x; idx < CH * mcount; idx += THREADS) {
     const int r = idx % CH, m = idx / CH, n = n0 + r;
-    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[r * MT + m]);
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[MMAJOR ? m * CH + r : r * MT + m]);
   }
 }
 
@@ -1118,7 +1120,9 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
 // xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
-// Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
+// Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel, but the
+// CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared memory without bank conflicts
+// (the [128][MT] layout cost ~15 % of the samples at M = 128, 2026-12-02-kernels-ncu-ws-h200-s15.md).
 // (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
 // by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.  Leaving one wgmma
 // group in flight across records: wrong results — the next record's A fragments land in registers the in-flight
@@ -1215,7 +1219,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
-  float* my_corr = corr + (warp & 7) * 16 * MT;
+  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
     const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
     const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
@@ -1281,7 +1285,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
           const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
           for (int m = lane; m < MT; m += 32) {
             const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
-            my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[rl * MT + m]);
+            my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
           }
         }
       }
@@ -1291,13 +1295,22 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
-  __syncthreads();  // every slot consumed: the ring holds the warps' sums [128][MT] from here on
+  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
-    float* red = reinterpret_cast<float*>(ring) + warp * 16 * MT;  // [16][MT]: rows 16·warp + r
-    store_acc<NT>(red, acc, g, t);
-    for (int idx = lane; idx < 16 * MT; idx += 32)
-      red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + idx / MT] << 23) + my_corr[idx];
+    float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {  // the wgmma D layout: channels g, g + 8, X rows 8j + 2t, +1
+      red[(8 * j + 2 * t) * 128 + g] = acc[j][0];
+      red[(8 * j + 2 * t + 1) * 128 + g] = acc[j][1];
+      red[(8 * j + 2 * t) * 128 + g + 8] = acc[j][2];
+      red[(8 * j + 2 * t + 1) * 128 + g + 8] = acc[j][3];
+    }
+    __syncwarp();
+    for (int idx = lane; idx < 16 * MT; idx += 32) {
+      const int r = idx & 15, m = idx >> 4;
+      red[m * 128 + r] = red[m * 128 + r] * __int_as_float((int)s_e[16 * warp + r] << 23) + my_corr[idx];
+    }
     __syncwarp();
     if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
       for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
@@ -1306,12 +1319,12 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
         const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
         const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
         for (int m = lane; m < mcount; m += 32)
-          red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
+          red[m * 128 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * 128 + rl]);
         __syncwarp();
       }
     }
   }
-  finish_tile<128, MT, WS_THREADS>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 

@@ -1,0 +1,152 @@
+"""Hardware counters of the W12 CUDA kernels next to cuBLAS, for a few shapes (Nsight Compute).
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
+        --section Occupancy --section LaunchStats [--metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct] \
+        -o prof python bench/profile_kernels.py 2> names.txt
+    ncu --import prof.ncu-rep --csv --page details > details.csv; ncu --import prof.ncu-rep --csv --page raw > raw.csv
+    python bench/profile_kernels.py --summarize details.csv --raw raw.csv --names names.txt
+
+With W12_XS_TABLE=xs_table.py (bench/xs_configs.py) the xs kernel's config for the shape is profiled too, and the
+ws kernel's where WS_TABLE names one.  The tensor-core, xs (wgmma) and ws kernels launch an X-reordering kernel first:
+profile with --kernel-name regex:"gemm|gemv|nvjet" so that the n-th profiled kernel stays the n-th variant.
+Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
+starts, then launched once inside cudaProfilerStart/Stop, in the order of VARIANTS (printed to stderr),
+so the n-th profiled kernel is the n-th variant.
+"""
+
+import argparse
+import csv
+import os
+import sys
+
+import torch
+
+
+DEFAULT_CASES = "4096x4096:1,128;28672x4096:1,32"
+
+
+def parse_cases(text: str):
+    """"NxK:M,M;NxK:M" -> [((n, k), (m, ...)), ...]"""
+    out = []
+    for part in text.split(";"):
+        shape, ms = part.split(":")
+        n, k = (int(v) for v in shape.split("x"))
+        out.append(((n, k), tuple(int(m) for m in ms.split(","))))
+    return out
+
+
+def variants(cases=DEFAULT_CASES):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kernels import Mat, rel  # bench/kernels.py
+
+    from w12.kernels import gemm_cuda as gc
+
+    out = []
+    for (n, k), ms in parse_cases(cases):
+        mt = Mat(n, k, 7)
+        wf = mt.w.float()
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            ref = x.float() @ wf.t()
+            cands = [("cuBLAS", lambda x=x, mt=mt: torch.matmul(x, mt.w.t()))]
+            if m == 1:  # a generic streaming read of the same record bytes (PyTorch's reduction), for scale
+                cands.append(("read floor: records.sum()", lambda mt=mt: mt.records.view(torch.int64).sum()))
+            if m <= 64:
+                cands.append((f"skinny {gc.pick_config(m, n, k)}", lambda x=x, mt=mt, c=gc.pick_config(m, n, k): mt.run(x, cuda=c)))
+                cands.append(("skinny view", lambda x=x, mt=mt, c=gc.pick_config(m, n, k, True): mt.run(x, view=True, cuda=c)))
+            if m > 8:
+                c = gc.pick_tc_config(m, n, k)
+                cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+            if (n, k, gc.xs_bucket(m)) in gc.XS_TABLE:  # the xs kernel where an XS_TABLE (W12_XS_TABLE) names one
+                c = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
+                cands.append((f"xs {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+            if (n, k, gc.xs_bucket(m)) in gc.WS_TABLE:  # the ws kernel where WS_TABLE (or W12_WS_TABLE) names one
+                c = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
+                cands.append((f"ws {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+            for name, fn in cands:
+                y = fn()
+                if "view" not in name and "floor" not in name:
+                    e = rel(y, ref)
+                    assert e < 1e-2, f"{name} {n}x{k} M={m}: rel err {e}"
+                out.append((f"{n}x{k} M={m} {name}", fn))
+    return out
+
+
+def run(cases=DEFAULT_CASES):
+    vs = variants(cases)
+    for _, fn in vs:  # warm up (builds, tickets) outside the profiled range
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, fn in vs:
+        print(f"variant: {name}", file=sys.stderr)
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+KEEP = {
+    "Duration": "µs", "DRAM Throughput": "dram%", "Memory Throughput": "mem%", "Compute (SM) Throughput": "sm%",
+    "L2 Cache Throughput": "l2%", "Achieved Occupancy": "occ%", "Registers Per Thread": "regs", "Block Limit Registers": "blk/reg",
+    "Block Limit Shared Mem": "blk/smem", "Warp Cycles Per Issued Instruction": "cyc/issue",
+    "Issued Warp Per Scheduler": "issue/sch", "Grid Size": "grid", "Block Size": "block",
+    # with --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct (what DRAM delivered, against the weights' bytes)
+    "dram__bytes_read.sum": "DRAM read", "lts__t_sector_hit_rate.pct": "L2 hit%",
+}
+
+
+def stalls(path):
+    """Per profiled kernel (in order): the top warp-stall reasons, cycles per issued instruction, from
+    ncu --page raw (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio)."""
+    with open(path) as fh:
+        lines = [l for l in fh if l.startswith('"')]
+    rd = list(csv.reader(lines))
+    head, data = rd[0], rd[2:]  # row 1: units
+    pre, suf = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+    cols = [(i, h[len(pre):-len(suf)]) for i, h in enumerate(head) if h.startswith(pre) and h.endswith(suf)]
+    out = []
+    for row in data:
+        vals = sorted(((float(row[i].replace(",", "") or 0), n) for i, n in cols), reverse=True)
+        out.append(", ".join(f"{n} {v:.1f}" for v, n in vals[:4]))
+    return out
+
+
+def summarize(path, names, raw=None):
+    """One line per profiled kernel: the KEEP metrics (ncu --csv --page details) and the top stalls."""
+    rows = {}
+    order = []
+    with open(path) as fh:
+        lines = [l for l in fh if l.startswith('"')]
+    for r in csv.DictReader(lines):
+        key = (r["ID"], r["Kernel Name"][:40])
+        if key not in rows:
+            rows[key] = {}
+            order.append(key)
+        if r["Metric Name"] in KEEP:
+            unit = r.get("Metric Unit", "") if r["Metric Name"].startswith("dram__bytes") else ""
+            rows[key][KEEP[r["Metric Name"]]] = f"{r['Metric Value']} {unit}".strip()
+    cols = list(KEEP.values())
+    st = stalls(raw) if raw else []
+    print("| variant | kernel | " + " | ".join(cols) + " | top stalls (cycles per issue) |")
+    print("|---" * (len(cols) + 3) + "|")
+    v = -1
+    for i, key in enumerate(order):
+        helper = "splitKreduce" in key[1]  # cuBLAS's second kernel of a split-K call: the same variant
+        v += 0 if helper else 1
+        name = (names[v] if v < len(names) else "?") + (" (2nd kernel)" if helper else "")
+        print(f"| {name} | {key[1]} | " + " | ".join(rows[key].get(c, "") for c in cols) +
+              f" | {st[i] if i < len(st) else ''} |")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--summarize", help="ncu CSV to summarize")
+    ap.add_argument("--names", help="file with the 'variant:' lines of the profiled run")
+    ap.add_argument("--raw", help="ncu --page raw CSV (stall reasons)")
+    ap.add_argument("--cases", default=DEFAULT_CASES, help=f"shapes and M to profile (default {DEFAULT_CASES!r})")
+    a = ap.parse_args()
+    if a.summarize:
+        names = [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else []
+        summarize(a.summarize, names, a.raw)
+    else:
+        run(a.cases)

@@ -1,0 +1,506 @@
+"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, xs, ws): checks, config choice, launch.
+
+    if gemm_cuda.usable(x, records, exponents, n):
+        y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
+
+Same contract and same tensors as kernels/gemm.py's Triton launcher (records u8 [NB, KB, 12288],
+exponents u8 [N_PAD], escapes i16 [nnz, 2], esc_offsets/esc_cols from `gemm.prepare_escapes`; esc_cols
+carries this kernel's per-tile escape lists after the Triton kernel's columns, see `tile_escapes`).  The
+CUDA kernels cover Hopper, the shapes `kernel_for` names (M ≤ 128), K a multiple of 64 and 16-byte-aligned
+X rows; everything else runs the Triton kernel.  Deterministic: warp partials (and split-K CTA partials) are added in a fixed order.
+"""
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import cuda_build
+
+
+@dataclass(frozen=True)
+class CudaConfig:
+    nt: int  # X rows per CTA / 8: 1, 2, 4 or 8
+    warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
+    unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
+    split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
+
+
+# Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
+# kernel in the stream finishes and reads X only once that kernel is complete.  Measured in a decode-step graph
+# (bench/decode_step.py, 2026-12-01-pdl-h200-s7.md): it pays only when the kernels around it use PDL too, so by
+# default it follows inductor's switch (TORCHINDUCTOR_ENABLE_PDL=1); W12_PDL=0/1 overrides.
+PDL = os.environ.get("W12_PDL", os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "0")) != "0"
+
+TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
+
+
+@dataclass(frozen=True)
+class TcConfig:
+    """The tensor-core kernel (w12_gemm_tc_kernel: wgmma, TC_CHANNELS channels × 8·nt X rows per CTA, X shared in
+    shared memory)."""
+    nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
+    split: int = 1  # CTAs along K
+
+
+@dataclass(frozen=True)
+class XsConfig:
+    """The xs kernel (w12_gemm_xs_kernel: 16·warps channels × 8·nt X rows per CTA; X staged in shared memory in
+    chunks shared by the warps, each warp streaming its 16 channels' W words into registers; mma.sync, or wgmma
+    per warpgroup with wg)."""
+    nt: int  # X rows per CTA / 8: 2, 4 or 8 (wg: 4, 8 or 16)
+    warps: int  # 4 or 8 (16 channels each; wg: 8)
+    unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight)
+    split: int = 1  # CTAs along K
+    mfirst: bool = False  # the M tiles of a channel block launched next to each other (W read once from DRAM)
+    wg: bool = False  # wgmma instead of mma.sync (X put in wgmma k order first, as for the tensor-core kernel)
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """The warp-specialized kernel (w12_gemm_ws_kernel: 128 channels × 8·nt X rows per CTA; a producer warp streams
+    records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
+    nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
+    split: int = 1  # CTAs along K
+
+
+WS_NTS = (2, 4, 8, 16)
+
+# (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than what was dispatched before it
+# (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15-call1.md: 37 of the 50; 1.13–1.31× from M = 48 on, 1.04–1.18×
+# for the LM heads, 51200×5120 and 28672×4096 at M = 16–32; the narrower shapes at M ≤ 32 keep the skinny / xs kernels).
+WS_TABLE: dict = {
+    (6144, 4096, 48): WsConfig(nt=8, split=4),
+    (6144, 4096, 64): WsConfig(nt=8, split=4),
+    (6144, 4096, 128): WsConfig(nt=16, split=2),
+    (4096, 4096, 128): WsConfig(nt=8, split=4),
+    (28672, 4096, 32): WsConfig(nt=4, split=1),
+    (28672, 4096, 48): WsConfig(nt=8, split=1),
+    (28672, 4096, 64): WsConfig(nt=8, split=1),
+    (28672, 4096, 128): WsConfig(nt=16, split=1),
+    (4096, 14336, 48): WsConfig(nt=8, split=8),
+    (4096, 14336, 64): WsConfig(nt=8, split=8),
+    (4096, 14336, 128): WsConfig(nt=16, split=4),
+    (128256, 4096, 16): WsConfig(nt=2, split=1),
+    (128256, 4096, 32): WsConfig(nt=4, split=1),
+    (128256, 4096, 48): WsConfig(nt=8, split=1),
+    (128256, 4096, 64): WsConfig(nt=8, split=1),
+    (128256, 4096, 128): WsConfig(nt=16, split=1),
+    (10240, 5120, 32): WsConfig(nt=4, split=8),
+    (10240, 5120, 48): WsConfig(nt=8, split=4),
+    (10240, 5120, 64): WsConfig(nt=8, split=4),
+    (10240, 5120, 128): WsConfig(nt=16, split=1),
+    (5120, 8192, 48): WsConfig(nt=8, split=8),
+    (5120, 8192, 64): WsConfig(nt=8, split=8),
+    (5120, 8192, 128): WsConfig(nt=16, split=2),
+    (51200, 5120, 16): WsConfig(nt=2, split=4),
+    (51200, 5120, 32): WsConfig(nt=4, split=2),
+    (51200, 5120, 48): WsConfig(nt=8, split=1),
+    (51200, 5120, 64): WsConfig(nt=8, split=1),
+    (51200, 5120, 128): WsConfig(nt=16, split=1),
+    (5120, 25600, 32): WsConfig(nt=4, split=8),
+    (5120, 25600, 48): WsConfig(nt=8, split=8),
+    (5120, 25600, 64): WsConfig(nt=8, split=8),
+    (5120, 25600, 128): WsConfig(nt=16, split=8),
+    (151936, 5120, 16): WsConfig(nt=2, split=1),
+    (151936, 5120, 32): WsConfig(nt=4, split=1),
+    (151936, 5120, 48): WsConfig(nt=8, split=1),
+    (151936, 5120, 64): WsConfig(nt=8, split=1),
+    (151936, 5120, 128): WsConfig(nt=16, split=1),
+}
+
+
+# The xs kernel's compiled variants (nt, warps, unroll, wg) (w12_gemv.cu w12_gemm_xs; split and mfirst are launch
+# arguments): mma.sync nt 2/4/8 with 4 or 8 warps, wgmma nt 4/8/16 with 8 warps; unroll 1 or 2.
+XS_VARIANTS = (tuple((nt, w, u, False) for nt in (2, 4, 8) for w in (4, 8) for u in (1, 2))
+               + tuple((nt, 8, u, True) for nt in (4, 8, 16) for u in (1, 2)))
+
+# (N, K, M bucket) -> XsConfig(nt, warps, unroll, split, mfirst, wg): shapes and M buckets (XS_BUCKETS) where the
+# xs kernel measured at least 3 % faster than kernel_for's skinny / wgmma choice (bench/xs_configs.py,
+# 2026-12-02-xs-configs-h200-s12.md; up to 1.30× at M = 128 on the LM heads, 1.03–1.17× elsewhere).
+XS_TABLE: dict = {
+    (6144, 4096, 128): XsConfig(16, 8, 2, 2, False, True),
+    (4096, 4096, 128): XsConfig(8, 4, 2, 2, True, False),
+    (28672, 4096, 32): XsConfig(4, 8, 1, 1, False, False),
+    (28672, 4096, 48): XsConfig(8, 8, 1, 1, False, True),
+    (28672, 4096, 64): XsConfig(8, 8, 1, 1, False, True),
+    (28672, 4096, 128): XsConfig(16, 8, 2, 1, False, True),
+    (4096, 14336, 32): XsConfig(4, 8, 1, 8, False, False),
+    (4096, 14336, 48): XsConfig(8, 8, 1, 8, False, False),
+    (4096, 14336, 128): XsConfig(16, 8, 2, 4, False, True),
+    (128256, 4096, 16): XsConfig(2, 8, 1, 1, False, False),
+    (128256, 4096, 32): XsConfig(4, 8, 1, 1, False, True),
+    (128256, 4096, 48): XsConfig(8, 8, 1, 1, False, True),
+    (128256, 4096, 64): XsConfig(8, 8, 1, 1, False, True),
+    (128256, 4096, 128): XsConfig(16, 8, 2, 1, False, True),
+    (10240, 5120, 32): XsConfig(4, 8, 1, 8, False, False),
+    (10240, 5120, 48): XsConfig(8, 8, 1, 8, False, True),
+    (10240, 5120, 128): XsConfig(16, 8, 2, 1, False, True),
+    (5120, 8192, 128): XsConfig(16, 8, 2, 2, False, True),
+    (51200, 5120, 32): XsConfig(4, 8, 1, 2, False, True),
+    (51200, 5120, 48): XsConfig(8, 8, 1, 2, False, True),
+    (51200, 5120, 64): XsConfig(8, 8, 1, 2, False, True),
+    (51200, 5120, 128): XsConfig(16, 8, 2, 1, False, True),
+    (5120, 25600, 32): XsConfig(4, 8, 1, 8, False, False),
+    (5120, 25600, 48): XsConfig(8, 8, 1, 8, False, True),
+    (5120, 25600, 64): XsConfig(8, 8, 1, 8, False, True),
+    (5120, 25600, 128): XsConfig(16, 8, 2, 8, False, True),
+    (151936, 5120, 16): XsConfig(2, 8, 1, 1, False, False),
+    (151936, 5120, 32): XsConfig(4, 8, 1, 1, False, True),
+    (151936, 5120, 48): XsConfig(8, 8, 1, 1, False, True),
+    (151936, 5120, 64): XsConfig(8, 8, 1, 1, False, True),
+    (151936, 5120, 128): XsConfig(16, 8, 2, 1, False, True),
+}
+XS_BUCKETS = (16, 32, 48, 64, 128)
+
+
+def xs_bucket(m: int) -> int | None:
+    """The XS_TABLE bucket of M: the smallest measured M ≥ m (None outside 9–128)."""
+    return next((b for b in XS_BUCKETS if m <= b), None) if m > 8 else None
+
+
+def kernel_for(m: int, n: int, k: int) -> str | None:
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (37 of the 50
+    (shape, M bucket) pairs of 9–128, 2026-12-02-ws-configs-h200-s15-call1.md), then "xs" where XS_TABLE does (31,
+    2026-12-02-xs-configs-h200-s12.md), else
+    "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
+    (do_bench, the skinny configs of TABLE and the splits of TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
+      M ≤ 16: skinny;  17–32: wgmma for the LM heads (N ≥ 100 000) and 28672×4096, else skinny (51200×5120
+      180 vs 202 µs, 5120×25600 107 vs 111);  33–64: wgmma from 20 M weights, skinny below (4096²);
+      65–128: wgmma (ahead of Triton on every shape)."""
+    if (n, k, xs_bucket(m)) in WS_TABLE:
+        return "ws"
+    if (n, k, xs_bucket(m)) in XS_TABLE:
+        return "xs"
+    if m <= 16:
+        return "skinny"
+    if m <= 32:
+        return "wgmma" if n >= 100_000 or (n >= 28672 and k <= 4096) else "skinny"
+    if m <= 64:
+        return "wgmma" if n * k >= 20_000_000 else "skinny"
+    if m <= 128:
+        return "wgmma"
+    return None
+
+
+# (N, K, nt) -> split of the tensor-core kernel: the fastest of 1/2/4/8 at M = 8·nt (bench/tc_configs.py,
+# 2026-12-02-tc-configs-h200-s10.md, after the float4 split-K reduction); other shapes: pick_tc_config's rule.
+TC_SPLIT: dict = {
+    (6144, 4096, 4): 4, (6144, 4096, 8): 4, (6144, 4096, 16): 2,
+    (4096, 4096, 4): 8, (4096, 4096, 8): 4, (4096, 4096, 16): 4,
+    (28672, 4096, 4): 1, (28672, 4096, 8): 1, (28672, 4096, 16): 1,
+    (4096, 14336, 4): 8, (4096, 14336, 8): 8, (4096, 14336, 16): 4,
+    (128256, 4096, 4): 1, (128256, 4096, 8): 1, (128256, 4096, 16): 1,
+    (10240, 5120, 4): 8, (10240, 5120, 8): 8, (10240, 5120, 16): 1,
+    (5120, 8192, 4): 8, (5120, 8192, 8): 8, (5120, 8192, 16): 2,
+    (51200, 5120, 4): 2, (51200, 5120, 8): 2, (51200, 5120, 16): 1,
+    (5120, 25600, 4): 8, (5120, 25600, 8): 8, (5120, 25600, 16): 8,
+    (151936, 5120, 4): 1, (151936, 5120, 8): 1, (151936, 5120, 16): 1,
+}
+
+
+def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
+    """nt: the smallest that holds M; split K: TC_SPLIT's measured choice, else (a power of 2, at most 8, ≥ 8
+    records per split) as far as the grid stays within ~2.5 CTAs per SM (132 SMs; 1 per SM for nt = 16, whose
+    shared memory allows one) — the rule that was within 2 % of the best split on every shape before the float4
+    reduction made splitting cheaper (2026-12-02-tc-configs-h200-s9.md)."""
+    nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
+    if (n, k, nt) in TC_SPLIT:
+        return TcConfig(nt, TC_SPLIT[(n, k, nt)])
+    ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
+    slots = 132 if nt == 16 else 330
+    while split < 8 and ctas * split * 2 <= slots and kb // (2 * split) >= 8:
+        split *= 2
+    return TcConfig(nt, split)
+
+
+def _nt_for(m: int) -> int:
+    for nt in (1, 2, 4):
+        if m <= 8 * nt:
+            return nt
+    return 8
+
+
+# (N, K, M bucket, view) -> CudaConfig: the fastest candidate of `python bench/kernels.py --cuda-sweep`
+# on the H200, clean-flush timing (M ≤ 8: 2026-12-01 at 2b9a964, `--sweep-ms 1`, 2026-12-01-kernels-cuda-h200-s5.md;
+# M 9-64: 2026-12-02 at aaf9ff8, `--sweep-ms 16,32,64`, 2026-12-02-kernels-cuda-sweep-h200-s10.txt);
+# other shapes: pick_config's rule.  A re-sweep of M ≤ 8 after the one-warp epilogue (2026-12-02-kernels-cuda-h200-
+# s13-sweep.md) was not adopted: no better by do_bench, and the Transformers decode was measured with these.
+TABLE: dict = {
+    (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
+    (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (6144, 4096, 16, False): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 16, True): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 32, False): CudaConfig(4, 4, 1, 1),
+    (6144, 4096, 32, True): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (6144, 4096, 64, True): CudaConfig(8, 4, 1, 1),
+    (4096, 4096, 8, False): CudaConfig(1, 8, 2, 1),
+    (4096, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (4096, 4096, 16, False): CudaConfig(2, 8, 1, 1),
+    (4096, 4096, 16, True): CudaConfig(2, 8, 1, 1),
+    (4096, 4096, 32, False): CudaConfig(4, 8, 1, 1),
+    (4096, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (4096, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (4096, 4096, 64, True): CudaConfig(4, 8, 1, 1),
+    (28672, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (28672, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (28672, 4096, 16, False): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 16, True): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 32, False): CudaConfig(4, 4, 1, 1),
+    (28672, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (28672, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (28672, 4096, 64, True): CudaConfig(4, 4, 1, 1),
+    (4096, 14336, 8, False): CudaConfig(1, 8, 2, 1),
+    (4096, 14336, 8, True): CudaConfig(1, 8, 1, 2),
+    (4096, 14336, 16, False): CudaConfig(2, 8, 1, 1),
+    (4096, 14336, 16, True): CudaConfig(2, 8, 1, 1),
+    (4096, 14336, 32, False): CudaConfig(4, 4, 1, 2),
+    (4096, 14336, 32, True): CudaConfig(4, 8, 1, 1),
+    (4096, 14336, 64, False): CudaConfig(4, 4, 1, 1),
+    (4096, 14336, 64, True): CudaConfig(4, 8, 1, 1),
+    (128256, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (128256, 4096, 8, True): CudaConfig(1, 4, 1, 1),
+    (128256, 4096, 16, False): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 16, True): CudaConfig(2, 4, 1, 1),
+    (128256, 4096, 32, False): CudaConfig(4, 4, 1, 1),
+    (128256, 4096, 32, True): CudaConfig(4, 4, 1, 1),
+    (128256, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (128256, 4096, 64, True): CudaConfig(4, 4, 1, 1),
+    (10240, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (10240, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (10240, 5120, 16, False): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 16, True): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 32, False): CudaConfig(4, 4, 1, 1),
+    (10240, 5120, 32, True): CudaConfig(2, 4, 1, 1),
+    (10240, 5120, 64, False): CudaConfig(4, 4, 1, 1),
+    (10240, 5120, 64, True): CudaConfig(4, 4, 1, 1),
+    (5120, 8192, 8, False): CudaConfig(1, 4, 1, 2),
+    (5120, 8192, 8, True): CudaConfig(1, 4, 1, 2),
+    (5120, 8192, 16, False): CudaConfig(2, 4, 1, 2),
+    (5120, 8192, 16, True): CudaConfig(2, 4, 1, 2),
+    (5120, 8192, 32, False): CudaConfig(4, 4, 1, 1),
+    (5120, 8192, 32, True): CudaConfig(2, 4, 1, 1),
+    (5120, 8192, 64, False): CudaConfig(4, 4, 1, 1),
+    (5120, 8192, 64, True): CudaConfig(4, 4, 1, 1),
+    (51200, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (51200, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (51200, 5120, 16, False): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 16, True): CudaConfig(2, 4, 1, 1),
+    (51200, 5120, 32, False): CudaConfig(4, 4, 1, 1),
+    (51200, 5120, 32, True): CudaConfig(4, 4, 1, 1),
+    (51200, 5120, 64, False): CudaConfig(4, 4, 1, 1),
+    (51200, 5120, 64, True): CudaConfig(4, 4, 1, 1),
+    (5120, 25600, 8, False): CudaConfig(1, 4, 1, 2),
+    (5120, 25600, 8, True): CudaConfig(1, 8, 1, 4),
+    (5120, 25600, 16, False): CudaConfig(2, 4, 1, 2),
+    (5120, 25600, 16, True): CudaConfig(2, 4, 1, 2),
+    (5120, 25600, 32, False): CudaConfig(4, 4, 1, 4),
+    (5120, 25600, 32, True): CudaConfig(2, 4, 1, 1),
+    (5120, 25600, 64, False): CudaConfig(4, 4, 1, 4),
+    (5120, 25600, 64, True): CudaConfig(4, 4, 1, 1),
+    (151936, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (151936, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (151936, 5120, 16, False): CudaConfig(2, 4, 1, 1),
+    (151936, 5120, 16, True): CudaConfig(2, 4, 1, 1),
+    (151936, 5120, 32, False): CudaConfig(4, 4, 1, 1),
+    (151936, 5120, 32, True): CudaConfig(4, 4, 1, 1),
+    (151936, 5120, 64, False): CudaConfig(4, 4, 1, 1),
+    (151936, 5120, 64, True): CudaConfig(4, 4, 1, 1),
+    (1024, 4096, 8, False): CudaConfig(1, 8, 1, 4),
+    (1024, 4096, 8, True): CudaConfig(1, 8, 2, 2),
+    (1024, 4096, 16, False): CudaConfig(1, 8, 2, 1),
+    (1024, 4096, 16, True): CudaConfig(1, 8, 1, 1),
+    (1024, 4096, 32, False): CudaConfig(2, 8, 2, 1),
+    (1024, 4096, 32, True): CudaConfig(2, 8, 1, 1),
+    (1024, 4096, 64, False): CudaConfig(4, 8, 1, 1),
+    (1024, 4096, 64, True): CudaConfig(4, 8, 1, 1),
+    (14336, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (14336, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (14336, 4096, 16, False): CudaConfig(2, 8, 1, 1),
+    (14336, 4096, 16, True): CudaConfig(2, 8, 1, 1),
+    (14336, 4096, 32, False): CudaConfig(4, 4, 1, 1),
+    (14336, 4096, 32, True): CudaConfig(2, 4, 1, 1),
+    (14336, 4096, 64, False): CudaConfig(4, 4, 1, 1),
+    (14336, 4096, 64, True): CudaConfig(4, 4, 1, 1),
+}
+
+
+def _load_override():
+    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_XS_TABLE=path.py
+    (an `XS_TABLE = {...}` written by bench/xs_configs.py) and W12_WS_TABLE=path.py (a `WS_TABLE = {...}` written by
+    bench/ws_configs.py) replace entries."""
+    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE),
+                             ("W12_WS_TABLE", "WS_TABLE", WS_TABLE)):
+        path = os.environ.get(var)
+        if path:
+            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig, "WsConfig": WsConfig}
+            exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
+            table.update(scope[name])
+
+
+_load_override()
+
+
+def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
+    nt = _nt_for(m)
+    hit = TABLE.get((n, k, 8 * nt, view))
+    if hit is not None:
+        return hit
+    # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs;
+    # split K until there are ≥ 2 CTAs per SM (132 SMs), each warp keeping ≥ 2 records
+    ctas = (n + 127) // 128 * 8 * ((m + 8 * nt - 1) // (8 * nt))
+    warps = 4 if ctas >= 1500 else 8
+    split, kb = 1, k // 64
+    while split < 4 and ctas * split < 264 and kb // (2 * split) >= 2 * warps:
+        split *= 2
+    return CudaConfig(nt, warps, 1, split)
+
+
+def _even(v: int) -> int:
+    return v + (v & 1)
+
+
+def tile_escapes(rec_of_entry: torch.Tensor, escapes: torch.Tensor, nb: int, kb: int) -> torch.Tensor:
+    """Load time: the escape lists of the CUDA kernel's tiles (16 channels of a record row) as one int32
+    tensor [toff (NB·8·KB + 1) | pad to even | tent (2·nnz)].  `rec_of_entry` (int64 [nnz]) is the record
+    nb·KB + kb of each entry of `escapes` (SPEC.md §6 order).  Entries are ordered by (tile, kb) and keep
+    their §6 order inside (so each channel's escapes stay in list order); toff[c·KB + kb] is the first entry
+    of tile c's record kb; an entry is (row in tile << 24 | column in K, h & 0xFFFF)."""
+    dev = escapes.device
+    pos = escapes[:, 0].to(torch.int64) & 0xFFFF
+    row, nbi, kbi = pos >> 6, rec_of_entry // kb, rec_of_entry % kb
+    key = (nbi * 8 + row // 16) * kb + kbi
+    order = torch.sort(key, stable=True).indices
+    toff = torch.zeros(nb * 8 * kb + 1, dtype=torch.int64, device=dev)
+    toff[1:] = torch.cumsum(torch.bincount(key, minlength=nb * 8 * kb), 0)
+    ent = torch.stack([((row % 16) << 24) | (kbi * 64 + (pos & 63)), escapes[:, 1].to(torch.int64) & 0xFFFF], 1)
+    pad = torch.zeros(_even(toff.numel()) - toff.numel(), dtype=torch.int64, device=dev)
+    return torch.cat([toff, pad, ent[order].reshape(-1)]).to(torch.int32)
+
+
+def _tile_escape_ptrs(esc_cols: torch.Tensor, nnz: int, nb: int, kb: int):
+    """(toff, tent) pointers inside esc_cols = [columns (max(nnz, 1)) | pad | tile_escapes(...)]."""
+    at = _even(max(nnz, 1))
+    tent_at = at + _even(nb * 8 * kb + 1)
+    if esc_cols.dtype != torch.int32 or esc_cols.numel() != tent_at + 2 * nnz:
+        raise ValueError(f"esc_cols holds {esc_cols.numel()} int32 values, expected {tent_at + 2 * nnz} "
+                         f"(nnz={nnz}, NB={nb}, KB={kb}): build it with w12.kernels.gemm.prepare_escapes")
+    base = esc_cols.data_ptr()
+    return _vp(base + 4 * at), _vp(base + 4 * tent_at)
+
+
+def library():
+    return cuda_build.load("w12_gemv")
+
+
+def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int | None = None) -> bool:
+    """True when a CUDA kernel can take this call (else use the Triton kernel); n = output channels
+    (default: the records' padded N)."""
+    m, k = x.shape
+    n = records.shape[0] * 128 if n is None else n
+    return (x.is_cuda and kernel_for(m, n, k) is not None and k % 64 == 0 and x.stride(1) == 1 and x.stride(0) % 8 == 0
+            and x.data_ptr() % 16 == 0 and records.is_contiguous() and records.data_ptr() % 16 == 0
+            and exponents.data_ptr() % 16 == 0 and library() is not None)
+
+
+def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
+           config: CudaConfig | TcConfig | XsConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
+    """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
+    trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
+    TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
+    m, k = x.shape
+    nb, kb = records.shape[:2]
+    assert records.dtype == torch.uint8 and records.shape[2] == 12288 and kb * 64 == k, "records vs K"
+    assert nb * 128 >= n and exponents.numel() >= nb * 128, "records/exponents vs N"
+    if view:
+        toff = tent = _p(exponents)  # unused by the view kernel
+    else:
+        toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
+    cfg = config
+    if cfg is None:
+        kind = kernel_for(m, n, k)
+        cfg = (pick_config(m, n, k, view) if kind == "skinny" else XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs"
+               else WS_TABLE[(n, k, xs_bucket(m))] if kind == "ws" else pick_tc_config(m, n, k))
+    if trace is not None and not isinstance(cfg, CudaConfig):
+        raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
+    if isinstance(cfg, TcConfig):
+        tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
+        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # X in wgmma k order (w12_x_wgorder_kernel)
+        err = library().w12_gemm_tc(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
+    elif isinstance(cfg, WsConfig):
+        mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
+        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
+        xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
+        err = library().w12_gemm_ws(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
+    elif isinstance(cfg, XsConfig):
+        tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)
+        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device) if cfg.wg else y  # X in wgmma k order
+        err = library().w12_gemm_xs(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), int(cfg.wg),
+            _p(xp), stream)
+    else:
+        tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
+        if trace is None:
+            err = library().w12_gemv(
+                _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+        else:
+            if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
+                raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
+                                 f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
+            err = library().w12_gemv_trace(
+                _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
+                int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream)
+    if err != 0:
+        raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
+    return y
+
+
+def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
+    """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
+    memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
+    blocks = ctypes.c_int(0)
+    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, ctypes.byref(blocks))
+    if err != 0:
+        raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
+    return blocks.value
+
+
+def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):
+    """(ws, tickets) of a split-K launch (placeholders when split == 1)."""
+    if split == 1:
+        return y, y
+    return torch.empty(tiles * split * tile_floats, dtype=torch.float32, device=device), _tickets(device, tiles)
+
+
+_TICKETS: dict = {}
+
+
+def _tickets(device, n: int) -> torch.Tensor:
+    """Per-device int32 zeros, one per output tile; split-K kernels leave them at zero. Allocated on first
+    use (do that outside CUDA-graph capture: call once eagerly); concurrent streams must not share them."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+        _TICKETS[device] = t
+    return t
+
+
+def _p(t: torch.Tensor):
+    return _vp(t.data_ptr())
+
+
+def _vp(v: int):
+    return ctypes.c_void_p(v)

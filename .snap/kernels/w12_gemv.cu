@@ -1,0 +1,1500 @@
+// W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
+// registers straight into MMA fragments: the skinny kernel (below; M ≤ 64), the tensor-core kernel
+// (w12_gemm_tc_kernel, further down, wgmma; 9 ≤ M ≤ 128) and the xs kernel (w12_gemm_xs_kernel, last: X in
+// shared memory for 128 channels, W streamed as in the skinny kernel; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says
+// which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
+//
+// Work split
+//   tile  = 16 output channels (rows r0..r0+15 of the record row nb) × 8·NT rows of X; CTA (c, mb, z) =
+//           tile (c = nb · 8 + r0 / 16, mb) × the records [z·⌈KB/S⌉, (z+1)·⌈KB/S⌉) of split z of S.
+//           With S > 1 each CTA writes its partial to ws and takes a ticket; the last of the tile's CTAs
+//           adds the partials in the order z = 0, 1, … (the same bits whatever the arrival order), stores
+//           the tile and resets the ticket.  (A stream-K grid — one wave, equal records per CTA — was
+//           measured slower at M = 1: every tile then pays the partial/ticket round trip.)
+//   warp  = the CTA's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
+//           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
+//           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
+//   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
+//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).
+//
+// One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
+// order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
+// 16 contiguous columns 16t..16t+15 of rows g and g+8 of the record: one 16-byte load of view bytes per
+// row, one of nibble bytes (columns j and j+32 share a nibble byte: t ≥ 2 takes the high nibbles).  For
+// k-step s (0..3) its fragment positions κ = 2t, 2t+1, 2t+8, 2t+9 hold columns 16t+4s+{0,1,2,3}, so the
+// matching X fragment is the 32-bit words 2s, 2s+1 of X[m, 16t .. 16t+15] — again one 16-byte load.
+//
+// Decode (two weights per 32-bit word, SPEC.md §4): view byte b, low nibble lo ->
+//   bf16 bits of w · 2^(127 − E_n) = ((b << 8) & 0x8000) | (b << 4) | 0x3800 | lo
+//   t = prmt(v, 0, 0x1404) = [b1 0 b0 0];  s = t >> 4;  s = (t & 0x80008000) | s;
+//   c = prmt(nib, 0x38383838, 0x4140) = [38 n1 38 n0];  h = s | (c & 0x380F380F)       (5 ops / 2 weights)
+// 8-bit view: lo = 8 (midpoint of the discarded bits), escapes keep their code value (SPEC.md §4).
+// Epilogue: y = (Σ_warps acc) · 2^(E_n − 127)  (exact power of two, fp32 bits E_n << 23), then the
+// exact sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) for the CTA's escapes in list
+// order (SPEC.md §7), one rounding to bf16 when the tile is complete.  The escapes come from the per-tile
+// lists of gemm_cuda.tile_escapes (load time): entry (row in tile << 24 | column, h), offsets per
+// (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load.
+// At M ≤ 2 with ≤ 32 escapes in the CTA (decode), warp 0 alone finishes the tile (warp0_finish): the same adds in
+// the same order, without the CTA-wide path's three barriers.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int REC = 12288;   // bytes per 128 × 64 record
+constexpr int VIEW_BYTES = 8192;
+
+__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// cp.async: global -> shared without holding registers (completed by cp_async_wait_all)
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
+
+// Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
+// start while the one before it in the stream is finishing; it reads and writes nothing before pdl_wait.
+// pdl_launch_dependents lets the next kernel, if it was launched with PDL, start early in turn.  (An L2
+// prefetch of the first records before the wait was measured slower: 2026-12-01-pdl-h200-s7.md.)
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t lop3_or_and(uint32_t a, uint32_t b, uint32_t c) {  // a | (b & c)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xF8;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Four weights (view word v = columns c..c+3, nibble word n with lo in each byte's low nibble) ->
+// two bf16x2: lo01 = columns c, c+1; lo23 = columns c+2, c+3 (lower address in the low lane).
+template <bool VIEW>
+__device__ __forceinline__ void decode4(uint32_t v, uint32_t n, uint32_t& w01, uint32_t& w23) {
+  uint32_t t0 = __byte_perm(v, 0u, 0x1404), t1 = __byte_perm(v, 0u, 0x3424);
+  uint32_t s0 = lop3_and_or(t0, 0x80008000u, t0 >> 4), s1 = lop3_and_or(t1, 0x80008000u, t1 >> 4);
+  if (VIEW) {
+    w01 = s0 | 0x38083808u;
+    w23 = s1 | 0x38083808u;
+  } else {
+    w01 = lop3_or_and(s0, __byte_perm(n, 0x38383838u, 0x4140), 0x380F380Fu);
+    w23 = lop3_or_and(s1, __byte_perm(n, 0x38383838u, 0x4342), 0x380F380Fu);
+  }
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& q, int i) {
+  return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w;
+}
+
+// One record of a warp's 16 channels: view words va (row g), vb (row g+8) and nibble words na, nb of
+// columns 16t..16t+15, X words ya/yb (X row 8j + g, columns 16t..16t+7 / +8..+15) -> 4·NT MMAs.
+template <int NT, bool VIEW>
+__device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va, const uint4& vb, const uint4& na,
+                                           const uint4& nb, const uint4 (&ya)[NT], const uint4 (&yb)[NT], int nsh) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    uint32_t a0, a1, a2, a3;
+    uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nb, s) >> nsh;
+    decode4<VIEW>(word(va, s), nwa, a0, a2);
+    decode4<VIEW>(word(vb, s), nwb, a1, a3);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const uint4& q = s < 2 ? ya[j] : yb[j];
+      mma16816(acc[j], a0, a1, a2, a3, word(q, 2 * (s & 1)), word(q, 2 * (s & 1) + 1));
+    }
+  }
+}
+
+__device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
+  if (ok) {
+    const uint4* p = reinterpret_cast<const uint4*>(xr + kb * 64);
+    a = __ldg(p);
+    b = __ldg(p + 1);
+  } else {
+    a = b = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
+// 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
+template <int NT, bool VIEW, int U>
+struct Group {
+  static constexpr bool XPF = NT <= 2;
+  uint4 va[U], vb[U], na[U], nb[U];
+  uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
+
+  __device__ __forceinline__ static void load_x(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
+    load_x16(a, b, xr, ok, kb);
+  }
+
+  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
+                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * warps;
+      if (kb < KB) {
+        const uint8_t* r = base + (size_t)kb * REC;
+        va[u] = ld_stream(r + v0);
+        vb[u] = ld_stream(r + v1);
+        if (!VIEW) {
+          na[u] = ld_stream(r + n0);
+          nb[u] = ld_stream(r + n1);
+        }
+        if (XPF) {
+#pragma unroll
+          for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, int nsh,
+                                          const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int kb = kb0 + u * warps;
+      if (kb < KB) {
+        uint4 ya[NT], yb[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          if (XPF) {
+            ya[j] = xa[XPF ? u : 0][j];
+            yb[j] = xb[XPF ? u : 0][j];
+          } else {
+            load_x(ya[j], yb[j], xr[j], xok[j], kb);
+          }
+        }
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nsh);
+      }
+    }
+  }
+};
+
+// Split K (S > 1): publish this CTA's partial tile (n floats at red, n % 4 == 0) as split z of the tile's S
+// partials in part and take the tile's ticket; true for the last CTA to arrive, which then adds the partials
+// (splitk_last / splitk_last4) in the fixed order z = 0, 1, … (the same bits whatever the arrival order) into
+// red and resets the ticket; the others return.
+__device__ __forceinline__ bool splitk_arrive(const float* red, int n, float* part, int S, int z, int* ticket,
+                                              int* s_last) {
+  const int tid = threadIdx.x, nth = blockDim.x;
+  __syncthreads();  // red complete
+  for (int i = tid; i < n / 4; i += nth)
+    reinterpret_cast<float4*>(part)[z * (n / 4) + i] = reinterpret_cast<const float4*>(red)[i];
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *s_last = atomicAdd(ticket, 1) == S - 1;
+  __syncthreads();
+  if (!*s_last) return false;
+  __threadfence();
+  return true;
+}
+
+// The skinny kernel's: each output's S ≤ 8 partials are loaded before the adds (8 registers: a float4 per
+// partial cost the skinny kernel 11 registers and an occupancy step).
+__device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
+  const int tid = threadIdx.x, nth = blockDim.x;
+  for (int i = tid; i < n; i += nth) {
+    float v[8];
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz) v[zz] = zz < S ? __ldcg(part + zz * n + i) : 0.f;
+    float sum = 0.f;
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz)
+      if (zz < S) sum += v[zz];
+    red[i] = sum;
+  }
+  if (tid == 0) *ticket = 0;
+  return true;
+}
+
+// The tensor-core kernel's: the same adds in the same order per output (0 + p0 + p1 + …, so the same bits), from
+// float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of independent L2 loads
+// instead of 32 (up to 64 registers of partials; the accumulators are dead by then).  Measured: 4096² M = 64
+// split 4 42.0 → 34.2 µs (2026-12-02-tc-configs-h200-s10.md).
+__device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
+  const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
+  const float4* p4 = reinterpret_cast<const float4*>(part);
+  for (int i = tid; i < n4; i += 2 * nth) {
+    const int i2 = i + nth;
+    const bool two = i2 < n4;
+    float4 v[2][8];
+#pragma unroll
+    for (int zz = 0; zz < 8; ++zz) {
+      v[0][zz] = zz < S ? __ldcg(p4 + zz * n4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[1][zz] = zz < S && two ? __ldcg(p4 + zz * n4 + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int zz = 0; zz < 8; ++zz)
+        if (zz < S) {
+          sum.x += v[h][zz].x;
+          sum.y += v[h][zz].y;
+          sum.z += v[h][zz].z;
+          sum.w += v[h][zz].w;
+        }
+      if (h == 0 || two) reinterpret_cast<float4*>(red)[h == 0 ? i : i2] = sum;
+    }
+  }
+  if (tid == 0) *ticket = 0;
+  return true;
+}
+
+// TRACE (a diagnostic build of the same kernel, bench/trace_kernel.py): thread 0 of each CTA writes, to
+// g_trace[8 · CTA], (%globaltimer ns, clock64) at entry, after the main loop (the barrier after the last warp's last
+// record) and at its exit, then its SM; kept in shared memory until the exit, so that no register is held across
+// the loop.  TRACE = false adds nothing.
+__device__ unsigned long long* g_trace;
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned smid() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+  return s;
+}
+
+// A warp's MMA accumulators (the m16n8 / wgmma D layout: rows g and g + 8, columns 8j + 2t, +1) into its
+// [16][8·NT] fp32 block red of shared memory, then __syncwarp.
+template <int NT>
+__device__ __forceinline__ void store_acc(float* red, const float (&acc)[NT][4], int g, int t) {
+  constexpr int MT = 8 * NT;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[g * MT + 8 * j + 2 * t] = acc[j][0];
+    red[g * MT + 8 * j + 2 * t + 1] = acc[j][1];
+    red[(g + 8) * MT + 8 * j + 2 * t] = acc[j][2];
+    red[(g + 8) * MT + 8 * j + 2 * t + 1] = acc[j][3];
+  }
+  __syncwarp();
+}
+
+// The end of a CTA that owns CH channels (rows n0 .. of y) × mcount X rows of a tile whose sums are cta_red
+// [CH][MT]: with S > 1 the split-K reduction (splitk_last4; false for every CTA but the tile's last), then the
+// bf16 store, consecutive threads at consecutive n.
+template <int CH, int MT, int THREADS>
+__device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int S, int* s_last,
+                                            __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
+  if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
+    return;
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < CH * mcount; idx += THREADS) {
+    const int r = idx % CH, m = idx / CH, n = n0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[r * MT + m]);
+  }
+}
+
+// The skinny kernel's end for M ≤ 2 rows of X and ≤ 32 escapes (ne), in warp 0 after the barrier that
+// completes red: lane l = 16m + r returns output (r, m) = (Σ_w red[w][r][m]) · 2^(E_r − 127), then
+// + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
+// same order, so the same bits, without its barriers.  Lane j stages entry j (w − w_code and its X words, all
+// entries' loads in flight at once) in s_esc[3][32]; one ballot per row gives lane r its row's entries.
+template <int WARPS, int MT>
+__device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const uint2* s_ent,
+                                              float (&s_esc)[3][32], int ne, const __nv_bfloat16* x, int ldx, int m0,
+                                              int mcount, int lane) {
+  const int r = lane & 15, m = lane >> 4;
+  int er = -1;
+  if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) -> s_esc[0] = w − w_code, [1 + m] = x[m0 + m, col]
+    const uint2 en = s_ent[lane];
+    const int col = (int)(en.x & 0xFFFFFFu);
+    er = (int)(en.x >> 24);
+    const float x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
+    const float x1 = mcount > 1 ? __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
+    s_esc[0][lane] =
+        __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
+    s_esc[1][lane] = x0;
+    s_esc[2][lane] = x1;
+  }
+  float out = 0.f;
+  if (m < mcount) {
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) out += red[w][r][m];
+    out *= __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+  }
+  if (ne <= 0) return out;
+  uint32_t mine = 0;  // bit j: entry j belongs to this lane's row
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) {
+    const uint32_t bm = __ballot_sync(0xffffffffu, er == rr);
+    if (r == rr) mine = bm;
+  }
+  __syncwarp();  // s_esc complete
+  if (m < mcount)
+    for (uint32_t bm = mine; bm; bm &= bm - 1) {
+      const int j = __ffs(bm) - 1;
+      out = fmaf(s_esc[1 + m][j], s_esc[0][j], out);
+    }
+  return out;
+}
+
+// (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
+// fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
+// register pipeline, commit 0a392d7)
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
+__global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7 : 0) w12_gemv_kernel(
+    const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
+    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+  constexpr int MT = 8 * NT;  // X rows per tile
+  constexpr int THREADS = WARPS * 32;
+  constexpr int STEP = WARPS * U;
+  __shared__ __align__(16) float red[WARPS][16][MT];
+  __shared__ int s_row[THREADS], s_col[THREADS];
+  __shared__ float s_d[THREADS];
+  __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
+  __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
+  __shared__ float s_esc[3][32];              // warp0_finish's staged entries
+  __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ unsigned long long s_trace[TRACE ? 4 : 1];
+  auto trace = [&](int at) {  // at = 0 entry, 1 after the main loop, 2 exit
+    if (TRACE && tid == 0) {
+      const unsigned long long gt = globaltimer(), ck = clock64();
+      if (at < 2) {
+        s_trace[2 * at] = gt;
+        s_trace[2 * at + 1] = ck;
+        return;
+      }
+      unsigned long long* o = *(unsigned long long* volatile*)&g_trace +
+                              8 * (((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x);
+      for (int i = 0; i < 4; ++i) o[i] = s_trace[i];
+      o[4] = gt;
+      o[5] = ck;
+      o[6] = smid();
+    }
+  };
+  trace(0);
+  const int g = lane >> 2, t = lane & 3;
+  const int v0 = g * 64 + 16 * t, v1 = v0 + 8 * 64;  // in-record byte offsets for r0 = 0
+  const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
+  const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
+  const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
+  const int kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
+  // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
+  pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
+  int e_lo = 0, e_hi = 0;
+  if (!VIEW) {
+    e_lo = __ldg(toff + (long)c * KB + a);
+    e_hi = __ldg(toff + (long)c * KB + b);
+  }
+  const uint8_t* base = rec + ((size_t)nb * KB) * REC;
+  const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
+  const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
+  bool xok[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    int m = m0 + 8 * j + g;
+    xok[j] = m < M;
+    xr[j] = x + (size_t)(xok[j] ? m : 0) * ldx + 16 * t;
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  Group<NT, VIEW, U> ga, gb;
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  pdl_launch_dependents();
+
+  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
+  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  }
+
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][8 * j + 2 * t] = acc[j][0];
+    red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  trace(1);
+  const int mcount = min(MT, M - m0);
+  if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
+    // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
+    if (warp != 0) {
+      if (S == 1) return;
+    } else {
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
+      const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
+      if (S == 1) {
+        if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
+        trace(2);
+        return;
+      }
+      if (m < mcount) red[0][r][m] = out;
+    }
+    if (!splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+      trace(2);
+      return;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+      int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+      if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
+    }
+    trace(2);
+    return;
+  }
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    red[0][r][m] = sum * __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+  }
+  if (!VIEW && e_hi > e_lo) {
+    for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
+      if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
+        __syncthreads();   // the previous chunk's readers are done
+        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
+        __syncthreads();
+      }
+      // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
+      s_row[tid] = -1;
+      if (c0 + tid < e_hi) {
+        const uint2 en = s_ent[tid];
+        int rl = (int)(en.x >> 24);
+        float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+        s_row[tid] = rl;
+        s_col[tid] = (int)(en.x & 0xFFFFFFu);
+        s_d[tid] = w - __int_as_float(((int)s_e[rl] - 15) << 23);
+      }
+      __syncthreads();
+      // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
+      // per (row, X row) adds its row's entries in ascending order (deterministic, no search)
+      {
+        int rr = s_row[tid];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          uint32_t bm = __ballot_sync(0xffffffffu, rr == r);
+          if (lane == 0) s_mask[r][warp] = bm;
+        }
+      }
+      __syncthreads();
+      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+        int r = idx & 15, m = idx >> 4;
+        const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
+        float out = red[0][r][m];
+        for (int cw = 0; cw < WARPS; ++cw) {
+          for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
+            int jj = 32 * cw + __ffs(bm) - 1;
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
+          }
+        }
+        red[0][r][m] = out;
+      }
+    }
+  }
+  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+    trace(2);
+    return;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
+  }
+  trace(2);
+}
+
+// =================================================================================================
+// W12 GEMM for 9 ≤ M ≤ 128 (tensor cores, X shared through shared memory)
+// =================================================================================================
+// CTA (cx, mb, z) = TC_CH = 16·TC_WARPS output channels (rows r0.. of record row nb = cx / (128 / TC_CH)) ×
+// MT = 8·NT rows of X × the records [z·⌈KB/S⌉, …) of split z.  Warp w owns the 16 channels r0 + 16w ..
+// (its tile c = nb·8 + r0/16 + w) and every record of the CTA.  Each record's TC_CH rows of W bytes (view
+// and nibbles, each contiguous in the record) and its X tile go through a STAGES-deep cp.async ring in
+// shared memory (one barrier per record; STAGES − 1 records in flight); a warp reads its A bytes from
+// there (the same lane layout and decode as the skinny kernel).  X rows are 128 bytes; the 16-byte chunk q of
+// row m sits at chunk q ^ (m & 7) (wgmma's 128-byte swizzle).
+// Escapes: while record kb's X tile is in shared memory, each warp adds x[m, col] · (w − w_code) of its
+// tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
+// the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
+// added in the epilogue from global memory, after the others: still list order).  Split K as in the
+// skinny kernel (partials in ws, tickets, fixed order), added by splitk_last4.
+// MMA: wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage once per
+// warpgroup; A = the decoded fragments, from registers).  wgmma reads B in k order, so the X stage holds each
+// record's column pairs at the k positions the decode's lane order needs (x_off): copied from xp, X put in that
+// order once per call by w12_x_wgorder_kernel.  (An mma.sync m16n8k16 form, each warp reading its X fragments
+// from shared memory, measured slower wherever a tensor-core kernel is dispatched: removed in session 9.)
+constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
+
+// X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+               "l"(gmem), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// ---- wgmma (sm_90a): D[64 channels, MT] += A[64, 16] · B[16, MT], A = the 4 warps' decoded fragments in
+// registers (the mma.m16n8k16 A layout per warp: warp w of the group holds channels 16w..16w+15), B = the X
+// stage in shared memory, K-major rows of 128 bytes with the 128-byte swizzle (chunk q of row m at q ^ (m & 7),
+// the layout above; stage base 1024-byte aligned).  Descriptor: start >> 4 | LBO 16 >> 4 << 16 | SBO 1024 >> 4
+// << 32 (8 rows of 128 B per swizzle atom) | swizzle 128 B (1 << 62); k-step s starts 32·s bytes into the row.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Pins the accumulator registers at this point of the program (no copy of them is taken across a wgmma wait).
+template <int NT>
+__device__ __forceinline__ void fence_acc(float (&d)[NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) asm volatile("" : "+f"(d[j][k])::"memory");
+}
+
+// One wgmma.m64n(8·NT)k16 with A from registers; the operand lists are written out per N.
+template <int NT>
+__device__ __forceinline__ void wgmma_k16(float (&d)[NT][4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_k16<2>(float (&d)[2][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<4>(float (&d)[4][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<8>(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
+__device__ __forceinline__ void wgmma_k16<16>(float (&d)[16][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+
+// wgmma k order of a 64-column block: the lane (g, t) of k-step s holds the columns 16t + 4s + {0,1,2,3} at the
+// MMA's k positions 2t, 2t+1, 2t+8, 2t+9 (the skinny kernel's order, one 16-byte load per lane), and wgmma reads
+// B in k order, so the column pair P = 8t + 2s + h (h = 0: k 2t, h = 1: k 2t+8) goes to k-step s, k-pair t + 4h:
+// 32-bit word d = 8s + t + 4h of the block (chunk d / 4 = 2s + h, word d % 4 = t).
+__device__ __forceinline__ int wg_word(int P) {
+  const int t = P >> 3, s = (P >> 1) & 3, h = P & 1;
+  return 8 * s + t + 4 * h;
+}
+
+// Byte offset of X[m, col] (col < 64) in an X stage: word wg_word(col / 2) of row m, chunk swizzled (chunk q of
+// row m at q ^ (m & 7)).
+__device__ __forceinline__ int x_off(int m, int col) {
+  const int d = wg_word(col >> 1);
+  return m * 128 + (((d >> 2) ^ (m & 7)) << 4) + 4 * (d & 3) + 2 * (col & 1);
+}
+
+// X with each 64-column block's column pairs in the wgmma k order (xp[m, 64·kb + 2·wg_word(P) + e] =
+// x[m, 64·kb + 2·P + e]): the kernel's X stages are
+// then plain 16-byte copies (the swizzle only), instead of 4-byte copies with per-copy index arithmetic, which
+// took ~85 % of the kernel's instructions (ncu source counters, 2026-12-02-kernels-ncu-h200-s9.md).  xp: [M, K].
+__global__ void w12_x_wgorder_kernel(const __nv_bfloat16* __restrict__ x, int ldx, __nv_bfloat16* __restrict__ xp,
+                                     int M, int K) {
+  const int words = K / 2;  // 32-bit column pairs per row
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)M * words; i += (long)gridDim.x * blockDim.x) {
+    const int m = (int)(i / words), w = (int)(i % words);
+    reinterpret_cast<uint32_t*>(xp + (size_t)m * K)[(w & ~31) + wg_word(w & 31)] =
+        reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w];
+  }
+}
+
+template <int NT, bool VIEW, int STAGES>
+__global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xp, int ldxp, int M, int ldx,
+    const uint8_t* __restrict__ rec,
+    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+  constexpr int MT = 8 * NT;
+  constexpr int XST = MT * 128;           // bytes of one X stage
+  constexpr int WST = TC_CH * 96;          // bytes of one W stage: view [TC_CH][64], then nibbles [TC_CH][32]
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // the X ring starts 1024-byte aligned in the shared window (wgmma's swizzle atoms; tc_smem adds the slack)
+  uint8_t* smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  uint8_t* xs = smem;                                                   // [STAGES][MT][128], swizzled
+  uint8_t* wsm = smem + STAGES * XST;                                   // [STAGES][WST]
+  float* corr = reinterpret_cast<float*>(wsm + STAGES * WST);           // [4][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + TC_WARPS * 16 * MT);   // [4][ECAP]
+  int* s_toff = reinterpret_cast<int*>(s_ent + TC_WARPS * ECAP);        // [4][kps + 1]
+  __shared__ __align__(16) uint8_t s_e[TC_CH];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x / (128 / TC_CH), r0 = (blockIdx.x % (128 / TC_CH)) * TC_CH, m0 = blockIdx.y * MT;
+  const int c = nb * 8 + r0 / 16 + warp;  // this warp's 16-channel tile
+  const int S = gridDim.z, kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
+  const uint8_t* base = rec + (size_t)nb * KB * REC;
+  const int rw = 16 * warp;  // the warp's first row in the W stage
+  const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+  const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int nsh = (t >> 1) * 4;
+
+  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xp, X in k order with rows of
+  // K = 64·KB, so that x_off holds) and W of record kb -> slot
+  auto load_stage = [&](int kb, int slot) {
+    uint8_t* dst = xs + slot * XST;
+    for (int i = tid; i < MT * 8; i += TC_THREADS) {
+      const int m = i >> 3, q = i & 7;
+      const bool ok = m0 + m < M;
+      const __nv_bfloat16* src = xp + (size_t)(ok ? m0 + m : 0) * ldxp + kb * 64 + q * 8;
+      cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
+    }
+    // W: rows r0..r0+63 of record (nb, kb): 4 KB of view bytes and 2 KB of nibbles, both contiguous
+    const uint8_t* r = base + (size_t)kb * REC;
+    uint8_t* wd = wsm + slot * WST;
+    for (int i = tid; i < WST / 16; i += TC_THREADS) {
+      const uint8_t* src = i < 4 * TC_CH ? r + r0 * 64 + 16 * i : r + VIEW_BYTES + r0 * 32 + 16 * (i - 4 * TC_CH);
+      if (!VIEW || i < 4 * TC_CH) cp_async16_cg(wd + 16 * i, src);
+    }
+  };
+
+  // ---- prologue: W and X of the first STAGES − 1 records, the warp's escape offsets, exponents and
+  // (after the offsets arrive) its first ECAP entries
+  if (tid < TC_CH / 16) cp_async16(s_e + 16 * tid, expo + nb * 128 + r0 + 16 * tid);  // in group 0, with X of record a
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < nrec) load_stage(a + s, s);
+    cp_async_commit();
+  }
+  int e_lo = 0, e_hi = 0;
+  int* my_toff = s_toff + warp * (kps + 1);
+  if (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    for (int i = lane; i < min(ECAP, e_hi - e_lo); i += 32)
+      s_ent[warp * ECAP + i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
+  }
+  float* my_corr = corr + warp * 16 * MT;
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  // this warp's escapes of record a + i, from the staged X: corr[r][m] += x[m, col] · (w − w_code), list order
+  auto escapes = [&](int i, const uint8_t* xsl) {
+    if (VIEW) return;
+    const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, ECAP);
+    for (int e = i0; e < i1; ++e) {
+      const uint2 en = s_ent[warp * ECAP + e];
+      const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+      for (int m = lane; m < MT; m += 32) {
+        const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + x_off(m, col));
+        my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), d, my_corr[rl * MT + m]);
+      }
+    }
+  };
+
+  // ---- one record: wait for its X stage, refill the ring, MMAs, this record's escapes
+  auto step = [&](int i) {
+    cp_async_wait<STAGES - 2>();
+    fence_proxy_async();  // this thread's copies of record a + i, visible to wgmma
+    __syncthreads();  // X of record a + i visible to all; everyone is done with the slot refilled below
+    if (i + STAGES - 1 < nrec) load_stage(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const uint8_t* xsl = xs + (i % STAGES) * XST;
+    const uint8_t* wsl = wsm + (i % STAGES) * WST;
+    const uint4 va = *reinterpret_cast<const uint4*>(wsl + v0), vb = *reinterpret_cast<const uint4*>(wsl + v1);
+    uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+    if (!VIEW) {
+      na = *reinterpret_cast<const uint4*>(wsl + n0);
+      nbw = *reinterpret_cast<const uint4*>(wsl + n1);
+    }
+    // the four k-steps' fragments, four wgmma (B = the X stage at k-step s: 32·s bytes in), the
+    // escapes while they run, then wait (so the slot is free at the next barrier; waiting one step later
+    // instead made ptxas serialize the wgmma: the escape loop then sat inside the pipeline stage)
+    uint32_t fa[4][4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
+      decode4<VIEW>(word(va, s), nwa, fa[s][0], fa[s][2]);
+      decode4<VIEW>(word(vb, s), nwb, fa[s][1], fa[s][3]);
+    }
+    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xsl);
+    fence_acc(acc);
+    wg_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xa + 32 * s));
+    wg_commit();
+    escapes(i, xsl);
+    wg_wait0();
+  };
+  for (int i = 0; i < nrec; ++i) step(i);
+  fence_acc(acc);  // the accumulators are read only after the last wait
+  cp_async_wait<0>();
+  __syncthreads();  // the X ring is free: reuse it for the warps' sums
+
+  // ---- epilogue: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP), per warp; split K; store
+  float* red = reinterpret_cast<float*>(xs) + warp * 16 * MT;  // [16][MT] of this warp (the X and W rings)
+  store_acc<NT>(red, acc, g, t);
+  const int mcount = min(MT, M - m0);
+  for (int idx = lane; idx < 16 * MT; idx += 32) {
+    const int r = idx / MT;
+    red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + r] << 23) + my_corr[idx];
+  }
+  __syncwarp();
+  if (!VIEW && e_hi - e_lo > ECAP) {  // rare: entries past the prefetch, from global memory, in order
+    for (int e = e_lo + ECAP; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+      for (int m = lane; m < mcount; m += 32)
+        red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
+      __syncwarp();
+    }
+  }
+  // [TC_CH][MT]: row 16w + r
+  finish_tile<TC_CH, MT, TC_THREADS>(reinterpret_cast<float*>(xs), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x, S,
+                                     &s_last, y, ldy, N, nb * 128 + r0, m0, mcount);
+}
+
+// ring depth: as deep as two CTAs per SM allow (the W bytes in flight are what M ≤ 32 needs)
+template <int NT>
+constexpr int tc_stages() {
+  return NT >= 8 ? 3 : 4;
+}
+
+template <int NT>
+size_t tc_smem(int kps) {
+  constexpr int STAGES = tc_stages<NT>();
+  return 1024 + (size_t)STAGES * (8 * NT * 128 + TC_CH * 96) + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 +
+         TC_WARPS * (kps + 1) * 4;
+}
+
+template <int NT, bool VIEW>
+cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      void* xp, cudaStream_t st) {
+  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>()>;
+  const int kps = (KB + split - 1) / split;
+  const size_t smem = tc_smem<NT>(kps);
+  static size_t set = 0;
+  if (smem > set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = smem;
+  }
+  // X in wgmma k order first (M · K / 2 words, a few µs at most)
+  const long words = (long)M * KB * 32;
+  w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
+                                                                             (__nv_bfloat16*)xp, M, KB * 64);
+  dim3 grid(NB * (128 / TC_CH), (M + 8 * NT - 1) / (8 * NT), split);
+  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const __nv_bfloat16*)xp, KB * 64, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+                                        (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
+                                        (float*)ws, (int*)tickets);
+  return cudaGetLastError();
+}
+
+// =================================================================================================
+// W12 GEMM for 9 ≤ M ≤ 128 with X staged in shared memory (the "xs" kernel; mma.sync, no tensor-core queue)
+// =================================================================================================
+// CTA (cx, mb, z) = 16·WARPS output channels (rows r0.. of record row nb = cx / (8 / WARPS)) × MT = 8·NT rows of X
+// × the records [a, b) of split z; with mfirst the M tiles of a channel block are neighbours in launch order
+// (blockIdx.x = cx · MB + mb), so that they run together and the later ones find W in L2.  Warp w owns the 16 channels r0 + 16w.. (its tile c = nb·8 + r0/16 + w) and
+// walks EVERY record of [a, b) in order, its W words streamed into registers as in the skinny kernel (two stages
+// of U records in flight, ld.global.nc, no shared memory and no barrier on the W path).  X is what the warps
+// share: the CTA's MT rows go through a ring of XS_STAGES chunks of C = 32 / NT records (32 KB each) in shared
+// memory, filled with cp.async by all threads, one barrier per chunk; a warp reads its B fragments with two
+// 16-byte shared loads per n-tile per record (row 8j + g, columns 16t..16t+15: the skinny kernel's k order; the
+// 16-byte chunk q of a 128-byte row sits at q ^ (row & 7), so the 8 lanes of a load phase hit 8 distinct chunks).
+// Against the skinny kernel, X is read from L2 once per 16·WARPS channels instead of once per 16 and never
+// from global memory inside the main loop; against the tensor-core kernel, W never passes through shared memory
+// and there is no barrier per record.  The MMAs: mma.sync as in the skinny kernel, or (WG) one wgmma per k-step
+// per warpgroup with the decoded fragments as A, waited for per record (compute_wg).
+// Epilogue per warp: acc · 2^(E_n − 127), then its tile's escapes of [a, b) in list order (x from global
+// memory, exact correction as in the skinny kernel); split K over the CTA's 16·WARPS × MT tile (splitk_last4).
+constexpr int XS_STAGES = 3, XS_CHUNK_BYTES = 32768;
+
+template <int NT>
+__host__ __device__ constexpr int xs_chunk() {  // records per X chunk (4 for nt = 16: 64 KB chunks, one CTA per SM)
+  return NT >= 16 ? 4 : XS_CHUNK_BYTES / (8 * NT * 128);
+}
+
+// U records of one warp's W words (no X: the xs kernel reads X from shared memory).
+template <bool VIEW, int U>
+struct WStage {
+  uint4 va[U], vb[U], na[U], nb[U];
+
+  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int b, int v0, int v1, int n0, int n1) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb0 + u < b) {
+        const uint8_t* r = base + (size_t)(kb0 + u) * REC;
+        va[u] = ld_stream(r + v0);
+        vb[u] = ld_stream(r + v1);
+        if (!VIEW) {
+          na[u] = ld_stream(r + n0);
+          nb[u] = ld_stream(r + n1);
+        }
+      }
+    }
+  }
+
+  // records kb0 .. kb0 + U − 1 (< b); xr: X of record kb0 in the staged chunk (records MT·128 bytes apart),
+  // already offset to this lane's row g and swizzled chunks (xa: columns 16t..+7, xb: +8..+15)
+  template <int NT>
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int b, const uint8_t* xr, int xa, int xb,
+                                          int nsh) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb0 + u < b) {
+        const uint8_t* xu = xr + u * (8 * NT * 128);
+        uint4 ya[NT], yb[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          ya[j] = *reinterpret_cast<const uint4*>(xu + j * 1024 + xa);
+          yb[j] = *reinterpret_cast<const uint4*>(xu + j * 1024 + xb);
+        }
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nsh);
+      }
+    }
+  }
+
+  // The same records through wgmma (the warp's 16 channels are its 16 rows of its warpgroup's 64): A = the
+  // decoded fragments in registers, B = the record's X block in k order at shared address xb (32·s bytes in at
+  // k-step s), waited for before the fragment registers are reused.
+  template <int NT>
+  __device__ __forceinline__ void compute_wg(float (&acc)[NT][4], int kb0, int b, uint32_t xb, int nsh) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb0 + u < b) {
+        uint32_t fa[4][4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nb[u], s) >> nsh;
+          decode4<VIEW>(word(va[u], s), nwa, fa[s][0], fa[s][2]);
+          decode4<VIEW>(word(vb[u], s), nwb, fa[s][1], fa[s][3]);
+        }
+        const uint32_t xu = xb + u * (8 * NT * 128);
+        fence_acc(acc);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xu + 32 * s));
+        wg_commit();
+        wg_wait0();
+      }
+    }
+  }
+};
+
+// WG: the MMAs are wgmma (m64n(8·NT)k16 per warpgroup, A from registers, B = the X chunk, which then holds X in
+// wgmma k order: xk = xp of w12_x_wgorder_kernel; the ring is 1024-byte aligned for the 128-byte swizzle).
+// Two CTAs per SM (their X rings take 192 KB of shared memory; at most 128 registers with 8 warps), one for
+// nt = 16 (64 KB chunks).
+template <int NT, bool VIEW, int WARPS, int U, bool WG>
+__global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kernel(
+    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xk, int ldxk, int M, int ldx,
+    const uint8_t* __restrict__ rec,
+    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
+    int mtiles, int mfirst) {
+  constexpr int MT = 8 * NT, THREADS = WARPS * 32, CH = 16 * WARPS;  // X rows, threads, channels per CTA
+  constexpr int C = xs_chunk<NT>(), XREC = MT * 128;                  // records per chunk, X bytes per record
+  static_assert(C % (2 * U) == 0 && (C & (C - 1)) == 0, "a chunk holds whole pairs of pipeline stages");
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // [XS_STAGES][C][MT][128], 1024-byte aligned (xs_smem adds the slack); after the loop: red [CH][MT] fp32
+  uint8_t* xsm = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int cx = mfirst ? blockIdx.x / mtiles : blockIdx.x, mb = mfirst ? blockIdx.x % mtiles : blockIdx.y;
+  const int nb = cx / (8 / WARPS), rc = (cx % (8 / WARPS)) * CH;               // CTA's first row in the record
+  const int rw = rc + 16 * warp, c = nb * 8 + rw / 16, m0 = mb * MT;             // warp's first row, its tile
+  const int S = gridDim.z, kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nchunks = (b - a + C - 1) / C;
+  const uint8_t* base = rec + (size_t)nb * KB * REC;
+  const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+  const int n0 = VIEW_BYTES + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int nsh = (t >> 1) * 4;
+  const int xa = g * 128 + (((2 * t) ^ g) << 4), xb = g * 128 + (((2 * t + 1) ^ g) << 4);  // row g (of 8j + g)
+
+  // X chunk ci (records a + C·ci .. < b, rows m0 .. m0 + MT − 1 of xk, rows ≥ M zero-filled) -> ring slot `slot`.
+  // Per row the chunk's records are C·128 contiguous bytes of x, and consecutive threads copy consecutive 16
+  // bytes: thread tid always copies chunk xq of record xr, rows xm, xm + XM, … (C, THREADS powers of two)
+  constexpr int XM = THREADS / 8 / C;
+  const int xq = tid & 7, xr = (tid >> 3) & (C - 1), xm = (tid >> 3) / C, xrows = M - m0 - xm;
+  const __nv_bfloat16* xsrc = xk + (size_t)(m0 + xm) * ldxk + (a + xr) * 64 + xq * 8;  // chunk 0, row xm
+  const size_t xstep = (size_t)XM * ldxk;
+  auto load_chunk = [&](int ci, int slot) {
+    if (a + C * ci + xr >= b) return;
+    uint8_t* dst = xsm + slot * (C * XREC) + xr * XREC;
+    const __nv_bfloat16* src = xsrc + ci * (C * 64);
+#pragma unroll
+    for (int j = 0; j < MT / XM; ++j) {
+      const int m = xm + j * XM;
+      cp_async16_zfill(dst + m * 128 + ((xq ^ (m & 7)) << 4), j * XM < xrows ? src + j * xstep : xk, j * XM < xrows);
+    }
+  };
+
+  // ---- prologue: the first two W stages (DRAM, the longer wait), then the first XS_STAGES − 1 X chunks
+  WStage<VIEW, U> ga, gb;
+  ga.load(base, a, b, v0, v1, n0, n1);
+  gb.load(base, a + U, b, v0, v1, n0, n1);
+#pragma unroll
+  for (int s = 0; s < XS_STAGES - 1; ++s) {
+    if (s < nchunks) load_chunk(s, s);
+    cp_async_commit();
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+
+  // ---- main loop: per chunk one barrier (its X visible to all, the slot refilled below free); inside it, group
+  // A's U records are multiplied while group B's are in flight, and the other way
+  for (int ci = 0, slot = 0; ci < nchunks; ++ci, slot = slot == XS_STAGES - 1 ? 0 : slot + 1) {
+    cp_async_wait<XS_STAGES - 2>();
+    if (WG) fence_proxy_async();  // this thread's copies, visible to wgmma
+    __syncthreads();
+    if (ci + XS_STAGES - 1 < nchunks) load_chunk(ci + XS_STAGES - 1, slot == 0 ? XS_STAGES - 1 : slot - 1);
+    cp_async_commit();
+    const uint8_t* xc = xsm + slot * (C * XREC);
+    const uint32_t xcs = (uint32_t)__cvta_generic_to_shared(xc);
+    const int k0 = a + C * ci;
+#pragma unroll 1
+    for (int r = 0; r < C && k0 + r < b; r += 2 * U) {
+      if (WG) ga.template compute_wg<NT>(acc, k0 + r, b, xcs + r * XREC, nsh);
+      else ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nsh);
+      ga.load(base, k0 + r + 2 * U, b, v0, v1, n0, n1);
+      if (WG) gb.template compute_wg<NT>(acc, k0 + r + U, b, xcs + (r + U) * XREC, nsh);
+      else gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nsh);
+      gb.load(base, k0 + r + 3 * U, b, v0, v1, n0, n1);
+    }
+  }
+  if (WG) fence_acc(acc);  // the accumulators are read only after the last wgmma wait
+  cp_async_wait<0>();
+  __syncthreads();  // the X ring is free: it holds the warps' sums from here on
+
+  // ---- epilogue: this warp's 16 × MT sums, scaled by 2^(E_n − 127) (exact), plus its escapes in list order
+  float* red = reinterpret_cast<float*>(xsm) + warp * 16 * MT;  // [16][MT]: rows rw + r of the CTA's [CH][MT]
+  store_acc<NT>(red, acc, g, t);
+  const int mcount = min(MT, M - m0);
+  for (int idx = lane; idx < 16 * MT; idx += 32)
+    red[idx] *= __int_as_float((int)__ldg(expo + nb * 128 + rw + idx / MT) << 23);
+  __syncwarp();
+  if (!VIEW) {  // y[m, row] += x[m, col] · (w − 2^(E_n − 142)); lane m % 32 owns X row m: no two lanes meet
+    const int e_lo = __ldg(toff + (long)c * KB + a), e_hi = __ldg(toff + (long)c * KB + b);
+    for (int e = e_lo; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)__ldg(expo + nb * 128 + rw + rl) - 15) << 23);
+      for (int m = lane; m < mcount; m += 32)
+        red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
+    }
+  }
+  finish_tile<CH, MT, THREADS>(reinterpret_cast<float*>(xsm), ws, tickets, cx * mtiles + mb, S, &s_last, y, ldy, N,
+                               nb * 128 + rc, m0, mcount);
+}
+
+template <int NT>
+constexpr size_t xs_ring() {  // bytes of the X ring (the epilogue's [CH][MT] sums fit in it)
+  return (size_t)XS_STAGES * xs_chunk<NT>() * 8 * NT * 128;
+}
+
+template <int NT>
+constexpr size_t xs_smem() {  // the ring and the slack that aligns it to 1024 bytes
+  return 1024 + xs_ring<NT>();
+}
+
+template <int NT, bool VIEW, int WARPS, int U, bool WG>
+cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      int mfirst, void* xp, cudaStream_t st) {
+  static_assert(16 * WARPS * 8 * NT * 4 <= xs_ring<NT>(), "the sums fit in the X ring");
+  auto kern = w12_gemm_xs_kernel<NT, VIEW, WARPS, U, WG>;
+  constexpr size_t smem = xs_smem<NT>();
+  static bool set = false;
+  if (!set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = true;
+  }
+  const __nv_bfloat16* xk = (const __nv_bfloat16*)x;
+  int ldxk = ldx;
+  if (WG) {  // X in wgmma k order first (M · K / 2 words, a few µs at most)
+    const long words = (long)M * KB * 32;
+    w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
+                                                                               (__nv_bfloat16*)xp, M, KB * 64);
+    xk = (const __nv_bfloat16*)xp;
+    ldxk = KB * 64;
+  }
+  const int mtiles = (M + 8 * NT - 1) / (8 * NT);
+  const dim3 grid = mfirst ? dim3(NB * (8 / WARPS) * mtiles, 1, split) : dim3(NB * (8 / WARPS), mtiles, split);
+  kern<<<grid, WARPS * 32, smem, st>>>((const __nv_bfloat16*)x, xk, ldxk, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+                                       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
+                                       (float*)ws, (int*)tickets, mtiles, mfirst);
+  return cudaGetLastError();
+}
+
+// =================================================================================================
+// W12 GEMM for 9 ≤ M ≤ 128, warp-specialized (the "ws" kernel: bulk copies into a ring, mbarriers, wgmma)
+// =================================================================================================
+// CTA (nb, mb, z) = the 128 channels of record row nb × MT = 8·NT rows of X × the records [a, b) of split z, as
+// 9 warps.  Warp 8 (the producer; lane 0) streams each record — 12 KB as it lies in memory — and its X tile (MT
+// rows of 128 bytes) into slot i % WS_STAGES of a ring with two bulk copies (cp.async.bulk: the copy engine, no
+// registers held, completion counted in bytes on the slot's `full` mbarrier).  Warps 0–7 (two warpgroups of 64
+// channels; warp w owns the 16 channels 16w.., tile c = nb·8 + w) wait on `full`, decode their A fragments from
+// the slot as the tensor-core kernel does, run four wgmma m64n(MT)k16 on the slot's X, add the record's escapes
+// from the slot's X, wait for the wgmma and arrive on the slot's `empty` mbarrier, which the producer waits on
+// before it refills the slot.  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
+// ahead, a slow warp holds back only its own slot.  (The tensor-core kernel instead has every thread issue
+// cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
+// X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
+// xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
+// Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel.
+// (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
+// by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.  Leaving one wgmma
+// group in flight across records: wrong results — the next record's A fragments land in registers the in-flight
+// wgmma still reads, and pinning them makes ptxas serialize the wgmma; b90770f, -call6-wait1-FAILED.md.  Four
+// consumer warpgroups on the two halves of the M tile: slower everywhere; cc880a6, -call7-mh2.md.  The profile,
+// 2026-12-02-kernels-ncu-ws-h200-s15.md: at M = 128 neither L2 nor DRAM is the limit but the per-record chain.)
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
+
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred P;\nW12_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+      "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
+}
+
+// X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
+// in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
+// rows m ≥ M are zero.  One thread per 32-bit word.
+__global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq, int M,
+                                int Mpad, int K) {
+  const int words = K / 2;  // 32-bit column pairs per row
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)Mpad * words; i += (long)gridDim.x * blockDim.x) {
+    const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, d = wg_word(w & 31);
+    const uint32_t v = m < M ? reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w] : 0u;
+    xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;
+  }
+}
+
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
+template <int NT>
+__host__ __device__ constexpr int ws_stages() {
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
+}
+
+template <int NT>
+__host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then the record
+  return 8 * NT * 128 + REC;
+}
+
+template <int NT>
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
+}
+
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
+    const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
+    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
+    int* __restrict__ tickets) {
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
+  uint64_t* empty = full + STAGES;                                                           // [STAGES]
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
+  __shared__ __align__(16) uint8_t s_e[128];
+  __shared__ int s_last;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
+  const int S = gridDim.z, kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 8);
+    }
+    mbar_init_fence();
+  }
+  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
+  __syncthreads();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  int e_lo = 0, e_hi = 0;
+  float* my_corr = corr + (warp & 7) * 16 * MT;
+  if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
+    const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
+    const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
+    constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
+    for (int i = 0; i < nrec; ++i) {
+      const int s = i % STAGES;
+      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+      if (lane == 0) {
+        uint8_t* slot = ring + s * SLOT;
+        mbar_expect(full + s, XB + WBYTES);
+        bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+      }
+      __syncwarp();
+    }
+  } else {  // ---- consumers
+    const int c = nb * 8 + warp;  // this warp's 16-channel tile
+    const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+    const int nsh = (t >> 1) * 4;
+    int* my_toff = s_toff + warp * (kps + 1);
+    uint2* my_ent = s_ent + warp * WS_ECAP;
+    if (!VIEW) {
+      for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+      __syncwarp();
+      e_lo = my_toff[0];
+      e_hi = my_toff[nrec];
+      for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
+        my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
+    }
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+    __syncwarp();
+
+    for (int i = 0; i < nrec; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(full + s, (i / STAGES) & 1);
+      const uint8_t* slot = ring + s * SLOT;
+      const uint4 va = *reinterpret_cast<const uint4*>(slot + v0), vb = *reinterpret_cast<const uint4*>(slot + v1);
+      uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+      if (!VIEW) {
+        na = *reinterpret_cast<const uint4*>(slot + n0);
+        nbw = *reinterpret_cast<const uint4*>(slot + n1);
+      }
+      uint32_t fa[4][4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t nwa = VIEW ? 0u : word(na, k) >> nsh, nwb = VIEW ? 0u : word(nbw, k) >> nsh;
+        decode4<VIEW>(word(va, k), nwa, fa[k][0], fa[k][2]);
+        decode4<VIEW>(word(vb, k), nwb, fa[k][1], fa[k][3]);
+      }
+      const uint32_t xa = saddr(slot);
+      fence_acc(acc);
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
+      wg_commit();
+      if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
+        const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
+        for (int e = i0; e < i1; ++e) {
+          const uint2 en = my_ent[e];
+          const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+          const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+          const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+          for (int m = lane; m < MT; m += 32) {
+            const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+            my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[rl * MT + m]);
+          }
+        }
+      }
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
+    }
+    fence_acc(acc);  // the accumulators are read only after the last wait
+  }
+  __syncthreads();  // every slot consumed: the ring holds the warps' sums [128][MT] from here on
+  const int mcount = min(MT, M - m0);
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = reinterpret_cast<float*>(ring) + warp * 16 * MT;  // [16][MT]: rows 16·warp + r
+    store_acc<NT>(red, acc, g, t);
+    for (int idx = lane; idx < 16 * MT; idx += 32)
+      red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + idx / MT] << 23) + my_corr[idx];
+    __syncwarp();
+    if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
+      for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
+        const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+        const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+        const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
+        for (int m = lane; m < mcount; m += 32)
+          red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
+        __syncwarp();
+      }
+    }
+  }
+  finish_tile<128, MT, WS_THREADS>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);
+}
+
+template <int NT, bool VIEW>
+cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
+                      void* xq, cudaStream_t st) {
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
+  const int kps = (KB + split - 1) / split;
+  const size_t smem = ws_smem<NT>(kps);
+  static size_t set = 0;
+  if (smem > set) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+    set = smem;
+  }
+  const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
+  const long words = (long)mpad * KB * 32;
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
+  dim3 grid(NB, mtiles, split);
+  kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
+                                       (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
+                                       (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+  return cudaGetLastError();
+}
+
+struct Args {
+  const void *x, *rec, *expo, *toff, *tent;
+  void *y, *ws, *tickets;
+  int M, ldx, ldy, N, NB, KB, split;
+  int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
+  int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
+};
+
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
+cudaError_t launch_t(const Args& a, cudaStream_t stream) {
+  if (a.occupancy)
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  cfg.blockDim = dim3(WARPS * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+                            (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
+                            (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
+                            (int*)a.tickets);
+}
+
+template <int NT, bool VIEW>
+cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
+#define W12_CASE(W, UU) \
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
+  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
+#undef W12_CASE
+  return cudaErrorInvalidValue;
+}
+
+// the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_t st) {
+#define W12_NT(NTV) \
+  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
+  W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
+#undef W12_NT
+  return (int)cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+// Returns a cudaError_t (0 = launched).  nt: X rows per tile / 8 (1, 2, 4, 8); warps: 4 or 8; unroll:
+// records per pipeline stage per warp (1, 2; two stages in flight); split: CTAs along K (split > 1 needs
+// ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
+// the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
+// pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
+// finishes; it reads X only once that kernel is complete).
+// Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
+extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                        const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
+  return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
+}
+
+// The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
+// CTAs / (blocks · SMs) that bench/kernels.py reports.  Returns a cudaError_t; *blocks gets the count.
+extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* blocks) {
+  Args a{};
+  a.occupancy = blocks;
+  return dispatch(a, view, nt, warps, unroll, nullptr);
+}
+
+// The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·
+// ceil(M / 8) · split), which gets each CTA's (globaltimer, clock64) at entry, loop end and exit, and its SM.
+extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                              const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int warps,
+                              int unroll, int split, void* ws, void* tickets, void* trace, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;
+  // g_trace is set only when the buffer changes: a copy from this stack frame captured into a CUDA graph would read
+  // a dead host address on replay, so a graph replays the launches of a buffer set before the capture.
+  static void* current = nullptr;
+  if (trace != current) {
+    cudaError_t e = cudaMemcpyToSymbol(g_trace, &trace, sizeof(trace));
+    if (e != cudaSuccess) return (int)e;
+    current = trace;
+  }
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0};
+#define W12_TR(V, W, UU) \
+  if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);
+  W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
+  W12_TR(true, 4, 1) W12_TR(true, 4, 2) W12_TR(true, 8, 1) W12_TR(true, 8, 2)
+#undef W12_TR
+  return (int)cudaErrorInvalidValue;
+}
+
+// The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
+// tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).
+// xp: bf16 [M, K] scratch for X in wgmma k order (w12_x_wgorder_kernel, launched first on the stream).
+// Same tensors and preconditions as w12_gemv.
+extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
+                           void* ws, void* tickets, void* xp, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
+#define W12_TC(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_tc<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xp, st);
+#define W12_TC4(V) W12_TC(2, V) W12_TC(4, V) W12_TC(8, V) W12_TC(16, V)
+  W12_TC4(false) W12_TC4(true)
+#undef W12_TC4
+#undef W12_TC
+  return (int)cudaErrorInvalidValue;
+}
+
+// The xs W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_xs_kernel above).  wg: 0 = mma.sync, nt (X rows per CTA / 8) 2, 4
+// or 8, warps 4 or 8 (16·warps channels per CTA); 1 = wgmma, nt 4, 8 or 16, 8 warps (xp: bf16 [M, K] scratch for X in
+// wgmma k order, written first on the stream).  unroll: records per pipeline stage per warp (1, 2); split: CTAs
+// along K (split > 1 needs ws: fp32 [NB·8/warps · ceil(M / 8nt) · split · 16·warps · 8nt] and tickets: int32
+// zeros [NB·8/warps · ceil(M / 8nt)], left at zero); mfirst: 1 = the M tiles of a channel block launched next to
+// each other.  Same tensors and preconditions as w12_gemv.
+extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
+                           int unroll, int split, void* ws, void* tickets, int mfirst, int wg, void* xp, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
+#define W12_XS(NTV, V, W, UU, G) \
+  if (nt == NTV && !!view == V && warps == W && unroll == UU && !!wg == G) \
+    return launch_xs<NTV, V, W, UU, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, \
+                                       mfirst, xp, st);
+#define W12_XS4(NTV, V) \
+  W12_XS(NTV, V, 4, 1, false) W12_XS(NTV, V, 4, 2, false) W12_XS(NTV, V, 8, 1, false) W12_XS(NTV, V, 8, 2, false)
+  W12_XS4(2, false) W12_XS4(4, false) W12_XS4(8, false) W12_XS4(2, true) W12_XS4(4, true) W12_XS4(8, true)
+#define W12_XSG(NTV, V) W12_XS(NTV, V, 8, 1, true) W12_XS(NTV, V, 8, 2, true)
+  W12_XSG(4, false) W12_XSG(8, false) W12_XSG(16, false) W12_XSG(4, true) W12_XSG(8, true) W12_XSG(16, true)
+#undef W12_XSG
+#undef W12_XS4
+#undef W12_XS
+  return (int)cudaErrorInvalidValue;
+}
+
+// The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
+// [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
+// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
+extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
+                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
+                           void* ws, void* tickets, void* xq, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
+#define W12_WS(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
+  W12_WS4(false) W12_WS4(true)
+#undef W12_WS4
+#undef W12_WS
+  return (int)cudaErrorInvalidValue;
+}
