@@ -67,9 +67,9 @@ class WsConfig:
 
 WS_NTS = (2, 4, 8, 16)
 
-# (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than what was dispatched before it
-# (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15-call1.md: 37 of the 50; 1.13–1.31× from M = 48 on, 1.04–1.18×
-# for the LM heads, 51200×5120 and 28672×4096 at M = 16–32; the narrower shapes at M ≤ 32 keep the skinny / xs kernels).
+# (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
+# (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15.md: 36 of the 50; 1.21–1.37× from M = 48 on; 1.08–1.20× at
+# M ≤ 32 for the LM heads, 28672×4096, 10240×5120, 51200×5120 and 5120×25600; the others keep the skinny / xs kernels).
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=8, split=4),
     (6144, 4096, 64): WsConfig(nt=8, split=4),
@@ -94,10 +94,9 @@ WS_TABLE: dict = {
     (5120, 8192, 48): WsConfig(nt=8, split=8),
     (5120, 8192, 64): WsConfig(nt=8, split=8),
     (5120, 8192, 128): WsConfig(nt=16, split=2),
-    (51200, 5120, 16): WsConfig(nt=2, split=4),
     (51200, 5120, 32): WsConfig(nt=4, split=2),
-    (51200, 5120, 48): WsConfig(nt=8, split=1),
-    (51200, 5120, 64): WsConfig(nt=8, split=1),
+    (51200, 5120, 48): WsConfig(nt=8, split=2),
+    (51200, 5120, 64): WsConfig(nt=8, split=2),
     (51200, 5120, 128): WsConfig(nt=16, split=1),
     (5120, 25600, 32): WsConfig(nt=4, split=8),
     (5120, 25600, 48): WsConfig(nt=8, split=8),
@@ -161,8 +160,8 @@ def xs_bucket(m: int) -> int | None:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (37 of the 50
-    (shape, M bucket) pairs of 9–128, 2026-12-02-ws-configs-h200-s15-call1.md), then "xs" where XS_TABLE does (31,
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (36 of the 50
+    (shape, M bucket) pairs of 9–128, 2026-12-02-ws-configs-h200-s15.md), then "xs" where XS_TABLE does (31,
     2026-12-02-xs-configs-h200-s12.md), else
     "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
     (do_bench, the skinny configs of TABLE and the splits of TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
