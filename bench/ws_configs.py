@@ -19,7 +19,6 @@ shape, M = 16…128.  One GPU call.
 
 import argparse
 import datetime
-import json
 import math
 import os
 import subprocess
@@ -29,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels import bench, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
-from xs_configs import identity_product  # noqa: E402
+from xs_configs import identity_product, write_files  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -129,12 +128,7 @@ def write(args, rows, best_of, bad):
         "Ratios to cuBLAS, geometric mean over the shapes measured:", "",
         "| M | shapes | today geomean | today min | ws geomean | best of both geomean | best of both min |",
         "|---|---|---|---|---|---|---|", *summary]) + "\n"
-    with open(os.path.join(args.out, "ws_configs.md"), "w") as fh:
-        fh.write(text)
-    with open(os.path.join(args.out, "ws_table.py"), "w") as fh:
-        fh.write("WS_TABLE = {\n" + "".join(f"    {key}: {c!r},\n" for key, c in best_of.items()) + "}\n")
-    with open(os.path.join(args.out, "ws_configs.json"), "w") as fh:
-        json.dump(rows, fh, indent=1)
+    write_files(args.out, "ws", text, best_of, rows)
 
 
 if __name__ == "__main__":

@@ -179,11 +179,17 @@ def write(args, lines, best_of, raw, bad):
         "| N×K | M | cuBLAS µs | today: kernel µs (vs cuBLAS) | best xs mma.sync µs | best xs wgmma µs "
         "| best xs vs cuBLAS | best xs vs today | worst rel. error |",
         "|---|---|---|---|---|---|---|---|---|", *lines]) + "\n"
-    with open(os.path.join(args.out, "xs_configs.md"), "w") as fh:
+    write_files(args.out, "xs", text, best_of, raw)
+
+
+def write_files(out: str, kind: str, text: str, best_of: dict, raw) -> None:
+    """OUT/{kind}_configs.md (text), OUT/{kind}_table.py (a {KIND}_TABLE = {...} that W12_{KIND}_TABLE loads) and
+    OUT/{kind}_configs.json (raw)."""
+    with open(os.path.join(out, f"{kind}_configs.md"), "w") as fh:
         fh.write(text)
-    with open(os.path.join(args.out, "xs_table.py"), "w") as fh:
-        fh.write("XS_TABLE = {\n" + "".join(f"    {key}: {c!r},\n" for key, c in best_of.items()) + "}\n")
-    with open(os.path.join(args.out, "xs_configs.json"), "w") as fh:
+    with open(os.path.join(out, f"{kind}_table.py"), "w") as fh:
+        fh.write(f"{kind.upper()}_TABLE = {{\n" + "".join(f"    {key}: {c!r},\n" for key, c in best_of.items()) + "}\n")
+    with open(os.path.join(out, f"{kind}_configs.json"), "w") as fh:
         json.dump(raw, fh, indent=1)
 
 
