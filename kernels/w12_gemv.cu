@@ -1120,9 +1120,10 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
 // xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
-// Escapes (corr per warp in shared memory, list order), epilogue and split K: as in the tensor-core kernel, but the
-// CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared memory without bank conflicts
-// (the [128][MT] layout cost ~15 % of the samples at M = 128, 2026-12-02-kernels-ncu-ws-h200-s15.md).
+// Escapes (a sparse correction: corr per warp in shared memory, list order), epilogue and split K: as in the
+// tensor-core kernel, but the CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
+// memory without bank conflicts (the [128][MT] layout cost ~15 % of the stall samples at M = 128,
+// 2026-12-02-kernels-ncu-ws-sass-h200-s15.md).
 // (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
 // by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.  Leaving one wgmma
 // group in flight across records: wrong results — the next record's A fragments land in registers the in-flight
