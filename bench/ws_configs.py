@@ -21,14 +21,13 @@ import argparse
 import datetime
 import math
 import os
-import subprocess
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels import bench, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
-from xs_configs import identity_product, write_files  # noqa: E402
+from xs_configs import identity_product, run_isolated, write_files  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -37,26 +36,6 @@ def configs(m: int, k: int, splits=(1, 2, 4, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt == 16 else (nt,)
     return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
-
-
-def identity_isolated(limit_s: int = 180) -> set:
-    """Part 1, one process per nt, all at once; returns the nts that failed, crashed or hung."""
-    procs = {nt: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--identity", str(nt)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for nt in gc.WS_NTS}
-    bad = set()
-    for nt, p in procs.items():
-        try:
-            out = p.communicate(timeout=limit_s)[0]
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out = p.communicate()[0] + f"\n(no result within {limit_s} s: a hang)"
-        if p.returncode != 0:
-            print(f"FAIL identity product, nt {nt}: exit {p.returncode}: "
-                  f"{' | '.join(out.strip().splitlines()[-3:])}", flush=True)
-            bad.add(nt)
-    print(f"identity product: {len(procs) - len(bad)} of {len(procs)} nt bit-exact (W12 and view, escapes, full and "
-          f"partial M tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
-    return bad
 
 
 def main():
@@ -70,7 +49,7 @@ def main():
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
     gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
-    bad = identity_isolated()
+    bad = run_isolated(os.path.abspath(__file__), gc.WS_NTS, str)  # part 1: each nt in its own process
     rows, best_of, raw = [], {}, []
     for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")]):
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))

@@ -89,21 +89,29 @@ def identity_product(cands, variant_of) -> set:
 
 
 def identity_check_isolated() -> set:
-    """Part 1 with every variant in its own process, all at once: an illegal access (which ends a CUDA process)
-    then only disqualifies its own variant.  Returns the variants that failed or crashed."""
-    procs = {v: subprocess.Popen([sys.executable, os.path.abspath(__file__), "--identity", ",".join(map(str, v))],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for v in gc.XS_VARIANTS}
+    """Part 1 with every variant in its own process (run_isolated).  Returns the variants that failed or crashed."""
+    return run_isolated(os.path.abspath(__file__), gc.XS_VARIANTS, lambda v: ",".join(map(str, v)))
+
+
+def run_isolated(script: str, variants, arg_of, limit_s: int = 180) -> set:
+    """`python script --identity arg_of(v)` for every variant, all at once, each in its own process: an illegal access
+    (which ends a CUDA process) or a hang (killed after limit_s) then only disqualifies its own variant.  Prints a
+    line per failure and a summary; returns the variants that failed, crashed or hung."""
+    procs = {v: subprocess.Popen([sys.executable, script, "--identity", arg_of(v)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for v in variants}
     bad = set()
     for v, p in procs.items():
-        out = p.communicate()[0]
+        try:
+            out = p.communicate(timeout=limit_s)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0] + f"\n(no result within {limit_s} s: a hang)"
         if p.returncode != 0:
             tail = " | ".join(out.strip().splitlines()[-3:])
             print(f"FAIL identity product, variant {v}: exit {p.returncode}: {tail}", flush=True)
             bad.add(v)
-    ok = len(procs) - len(bad)
-    print(f"identity product: {ok} of {len(procs)} variants bit-exact (W12 and view, escapes, full and partial M "
-          f"tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
+    print(f"identity product: {len(procs) - len(bad)} of {len(procs)} variants bit-exact (W12 and view, escapes, "
+          f"full and partial M tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
     return bad
 
 

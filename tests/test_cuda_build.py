@@ -108,15 +108,11 @@ def test_ws_table_dispatch(tmp_path, monkeypatch):
     p = tmp_path / "ws_table.py"
     p.write_text("WS_TABLE = {\n    (4096, 14336, 32): WsConfig(nt=4, split=4),\n}\n")
     monkeypatch.setenv("W12_WS_TABLE", str(p))
-    saved = dict(gc.WS_TABLE)
-    try:
-        gc._load_override()
-        assert gc.WS_TABLE[(4096, 14336, 32)] == gc.WsConfig(4, 4)
-        assert gc.kernel_for(32, 4096, 14336) == gc.kernel_for(17, 4096, 14336) == "ws"
-        assert gc.kernel_for(16, 4096, 14336) == "skinny" and gc.kernel_for(1, 4096, 14336) == "skinny"
-    finally:
-        gc.WS_TABLE.clear()
-        gc.WS_TABLE.update(saved)
+    monkeypatch.setattr(gc, "WS_TABLE", dict(gc.WS_TABLE))  # the override fills a copy, dropped after the test
+    gc._load_override()
+    assert gc.WS_TABLE[(4096, 14336, 32)] == gc.WsConfig(4, 4)
+    assert gc.kernel_for(32, 4096, 14336) == gc.kernel_for(17, 4096, 14336) == "ws"
+    assert gc.kernel_for(16, 4096, 14336) == "skinny" and gc.kernel_for(1, 4096, 14336) == "skinny"
 
 
 def test_not_usable_on_cpu():
