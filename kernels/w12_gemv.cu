@@ -1275,8 +1275,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
         decode4<VIEW>(word(vb, k), nwb, f[k][1], f[k][3]);
       }
     };
-    // record i: four wgmma on f and, while they run, record i + 1's A fragments into g and record i's escapes; then
-    // the wait for the group and slot i's release
+    // record i: four wgmma on f (in flight until the next step's wait), then — while they run — record i + 1's A
+    // fragments into g and record i's escapes; slot i − 1 is released once its wgmma group is done
     auto step = [&](int i, const uint32_t (&f)[4][4], uint32_t (&g)[4][4]) {
       const int s = i % STAGES;
       const uint8_t* slot = ring + s * SLOT;
@@ -1285,6 +1285,11 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 #pragma unroll
       for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, f[k][0], f[k][1], f[k][2], f[k][3], wg_desc(xa + 32 * k));
       wg_commit();
+      wg_wait1();  // record i − 1's group is done: its A registers (g) and its slot are free
+      if (i > 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + (i - 1) % STAGES);
+      }
       if (i + 1 < nrec) decode(i + 1, g);
       if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
         const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
@@ -1299,9 +1304,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
           }
         }
       }
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     };
     uint32_t fa[4][4], fb[4][4];  // A fragments of the even / odd records (one set in flight, one being decoded)
     fence_acc(acc);
@@ -1309,6 +1311,11 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     for (int i = 0; i < nrec; i += 2) {
       step(i, fa, fb);
       if (i + 1 < nrec) step(i + 1, fb, fa);
+    }
+    wg_wait0();
+    if (nrec > 0) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + (nrec - 1) % STAGES);
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
