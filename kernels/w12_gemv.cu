@@ -587,7 +587,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -1114,11 +1113,9 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // rows of 128 bytes) into slot i % WS_STAGES of a ring with two bulk copies (cp.async.bulk: the copy engine, no
 // registers held, completion counted in bytes on the slot's `full` mbarrier).  Warps 0–7 (two warpgroups of 64
 // channels; warp w owns the 16 channels 16w.., tile c = nb·8 + w) wait on `full`, decode their A fragments from
-// the slot as the tensor-core kernel does, run four wgmma m64n(MT)k16 on the slot's X and, while those run, wait for
-// the next slot and decode its A fragments into the other of two register sets (records alternate between the
-// sets, so an in-flight wgmma never has its A registers rewritten), then add the record's escapes from the slot's
-// X; a record's slot is released (`empty` mbarrier, which the producer waits on before it refills the slot) once
-// the next record's wgmma is issued and its own group is done (wgmma.wait_group 1).  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
+// the slot as the tensor-core kernel does, run four wgmma m64n(MT)k16 on the slot's X, add the record's escapes
+// from the slot's X, wait for the wgmma and arrive on the slot's `empty` mbarrier, which the producer waits on
+// before it refills the slot.  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
 // ahead, a slow warp holds back only its own slot.  (The tensor-core kernel instead has every thread issue
 // cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
@@ -1257,8 +1254,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
     __syncwarp();
 
-    // record i's A fragments (slot i % STAGES, once it is full) -> f
-    auto decode = [&](int i, uint32_t (&f)[4][4]) {
+    for (int i = 0; i < nrec; ++i) {
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
       const uint8_t* slot = ring + s * SLOT;
@@ -1268,29 +1264,19 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
         na = *reinterpret_cast<const uint4*>(slot + n0);
         nbw = *reinterpret_cast<const uint4*>(slot + n1);
       }
+      uint32_t fa[4][4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t nwa = VIEW ? 0u : word(na, k) >> nsh, nwb = VIEW ? 0u : word(nbw, k) >> nsh;
-        decode4<VIEW>(word(va, k), nwa, f[k][0], f[k][2]);
-        decode4<VIEW>(word(vb, k), nwb, f[k][1], f[k][3]);
+        decode4<VIEW>(word(va, k), nwa, fa[k][0], fa[k][2]);
+        decode4<VIEW>(word(vb, k), nwb, fa[k][1], fa[k][3]);
       }
-    };
-    // record i: four wgmma on f (in flight until the next step's wait), then — while they run — record i + 1's A
-    // fragments into g and record i's escapes; slot i − 1 is released once its wgmma group is done
-    auto step = [&](int i, const uint32_t (&f)[4][4], uint32_t (&g)[4][4]) {
-      const int s = i % STAGES;
-      const uint8_t* slot = ring + s * SLOT;
       const uint32_t xa = saddr(slot);
+      fence_acc(acc);
       wg_fence();
 #pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, f[k][0], f[k][1], f[k][2], f[k][3], wg_desc(xa + 32 * k));
+      for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
       wg_commit();
-      wg_wait1();  // record i − 1's group is done: its A registers (g) and its slot are free
-      if (i > 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + (i - 1) % STAGES);
-      }
-      if (i + 1 < nrec) decode(i + 1, g);
       if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
         const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
         for (int e = i0; e < i1; ++e) {
@@ -1304,18 +1290,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
           }
         }
       }
-    };
-    uint32_t fa[4][4], fb[4][4];  // A fragments of the even / odd records (one set in flight, one being decoded)
-    fence_acc(acc);
-    if (nrec > 0) decode(0, fa);
-    for (int i = 0; i < nrec; i += 2) {
-      step(i, fa, fb);
-      if (i + 1 < nrec) step(i + 1, fb, fa);
-    }
-    wg_wait0();
-    if (nrec > 0) {
+      wg_wait0();
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + (nrec - 1) % STAGES);
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
