@@ -32,42 +32,36 @@ from xs_configs import identity_product, run_isolated, write_files  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
-def configs(m: int, k: int, splits=(1, 2, 4, 8), rows=(1, 2)):
+def configs(m: int, k: int, splits=(1, 2, 4, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt == 16 else (nt,)
-    return [gc.WsConfig(v, s, r) for v in nts for s in splits for r in rows if s <= k // 64]
-
-
-def variant(cfg) -> tuple:  # what an identity failure disqualifies: the (nt, rows) instantiation
-    return cfg.nt, cfg.rows
+    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="16,32,48,64,128")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--identity", help="only part 1 for one NT:ROWS, e.g. 16:2 (exit 1 if it fails)")
+    ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
     args = ap.parse_args()
     if args.identity:
-        nt, rows = (int(v) for v in args.identity.split(":"))
-        bad = identity_product([gc.WsConfig(nt, s, rows) for s in (1, 3)], variant)
+        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
     gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
-    bad = run_isolated(os.path.abspath(__file__), [(nt, r) for nt in gc.WS_NTS for r in (1, 2)],
-                       lambda v: f"{v[0]}:{v[1]}")  # part 1: each (nt, rows) in its own process
+    bad = run_isolated(os.path.abspath(__file__), gc.WS_NTS, str)  # part 1: each nt in its own process
     rows, best_of, raw = [], {}, []
     for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")]):
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))
         res, worst = {}, 0.0
         for cfg in configs(m, k):
-            if variant(cfg) in bad:
+            if cfg.nt in bad:
                 continue
             y = mt.run(x, cuda=cfg)
             err, same = rel(y, ref), all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
             if err >= 1e-2 or not same:
                 print(f"FAIL {n}x{k} M={m} {cfg}: relative error {err:.2e}, deterministic {same}", flush=True)
-                bad.add(variant(cfg))
+                bad.add(cfg.nt)
                 continue
             worst = max(worst, err)
             res[cfg] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
@@ -78,7 +72,7 @@ def main():
         rows.append(dict(n=n, k=k, m=m, cublas=t_cublas, today=t_now, kind=kind, ws=t_best, cfg=repr(best),
                          err=worst, all={repr(c): t for c, t in res.items()}))
         print(f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | "
-              f"{best!r}: {t_best:.1f} "
+              f"nt {best.nt if best else '-'} split {best.split if best else '-'}: {t_best:.1f} "
               f"({t_cublas / t_best:.2f}×) | {t_now / t_best:.2f}× | {worst:.1e} |", flush=True)
         write(args, rows, best_of, bad)  # after every case: a run cut short keeps what it measured
     write(args, rows, best_of, bad)
@@ -107,7 +101,7 @@ def write(args, rows, best_of, bad):
         f"- command: `W12_CUDA=1 python bench/ws_configs.py --ms {args.ms} --out $OUT`",
         "- µs: CUDA graph replay, do_bench median, L2 flushed; every config checked first (identity product "
         "bit-exact; relative ∞-norm error < 1e-2; 3 runs the same bits)",
-        f"- (nt, rows) that failed a check: {sorted(bad) or 'none'}", "",
+        f"- nt that failed a check: {sorted(bad) or 'none'}", "",
         "| N×K | M | cuBLAS µs | today: kernel µs (vs cuBLAS) | best ws µs (vs cuBLAS) | ws vs today "
         "| worst rel. error |", "|---|---|---|---|---|---|---|", *table, "",
         "Ratios to cuBLAS, geometric mean over the shapes measured:", "",

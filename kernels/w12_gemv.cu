@@ -1167,51 +1167,43 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// ring depth: one record row (ROWS = 1): two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16; two rows:
-// two CTAs per SM up to NT = 4, one from NT = 8
-template <int NT, int ROWS>
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
+template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return ROWS == 1 ? (NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5) : (NT >= 16 ? 5 : 4);
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
 }
 
-template <int NT, int ROWS>
-__host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then ROWS records
-  return 8 * NT * 128 + ROWS * REC;
+template <int NT>
+__host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then the record
+  return 8 * NT * 128 + REC;
 }
 
-template <int NT, int ROWS>
-size_t ws_smem(int kps) {  // 1024-aligned ring; ROWS = 1: corr [8][16][MT], entries [8][ECAP]; barriers; ROWS = 1:
-                           // offsets [8][kps + 1]
-  const size_t esc = ROWS == 1 ? (size_t)8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 : 0;
-  return 1024 + (size_t)ws_stages<NT, ROWS>() * ws_slot<NT, ROWS>() + esc + 2 * ws_stages<NT, ROWS>() * 8;
+template <int NT>
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
 }
 
-// ROWS = 2: the CTA takes the 256 channels of record rows 2·bx and 2·bx + 1 (each slot holds the X tile once and both
-// rows' records: X bytes per W byte halved, what bounds M ≥ 48 — a record moves ~19 B/clock/SM into shared memory
-// whatever its X tile's size, 2026-12-02-ws-rows-h200-s16.md); warpgroup w takes row 2·bx + w, both of its
-// 64-channel halves (two wgmma chains, acc[2]); the escapes are all added in the epilogue from global X (no corr).
-// A missing last row (odd NB) is read as a copy of row NB − 1 and never stored.
-template <int NT, bool VIEW, int ROWS>
-__global__ void __launch_bounds__(WS_THREADS, (ROWS == 1 ? NT >= 16 : NT >= 8) ? 1 : 2) w12_gemm_ws_kernel(
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT, ROWS>(), SLOT = ws_slot<NT, ROWS>(), XB = MT * 128;
-  constexpr int H = ROWS, CH = 128 * ROWS;  // 64-channel halves per warp's warpgroup; channels per CTA
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // ROWS = 1: [8][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + (ROWS == 1 ? 8 * 16 * MT : 0));             // ROWS = 1: [8][ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (ROWS == 1 ? 8 * WS_ECAP : 0));        // [STAGES]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // ROWS = 1: [8][kps + 1]
-  __shared__ __align__(16) uint8_t s_e[CH];
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
+  __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int NB = (N + 127) >> 7, nb0 = blockIdx.x * ROWS, mb = blockIdx.y, m0 = mb * MT;
+  const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
@@ -1221,25 +1213,16 @@ __global__ void __launch_bounds__(WS_THREADS, (ROWS == 1 ? NT >= 16 : NT >= 8) ?
     }
     mbar_init_fence();
   }
-  if (tid < 8 * ROWS)
-    reinterpret_cast<uint4*>(s_e)[tid] =
-        __ldg(reinterpret_cast<const uint4*>(expo + min(nb0 + tid / 8, NB - 1) * 128) + (tid & 7));
+  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  float acc[H][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int h = 0; h < H; ++h)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.f;
-  // half h of this warp: record row rr of the CTA (slot bytes XB + rr·REC ..), its 16 channels ch .. ch + 15 of that
-  // row, i.e. the CTA's 16-channel tile ct[h] = 8·rr + ch / 16 (ROWS = 1: rr = 0, ch = 16·warp; ROWS = 2: rr = the
-  // warpgroup, ch = 64h + 16·(warp mod 4))
-  int ct[H];
-#pragma unroll
-  for (int h = 0; h < H; ++h) ct[h] = ROWS == 1 ? warp : 8 * (warp >> 2) + 4 * h + (warp & 3);
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
-  float* my_corr = corr + (warp & 7) * 16 * MT;  // ROWS = 1: [MT][16]: X row m, channel 16·warp + r at m·16 + r
-  if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i of each row and its X tile -> slot i % STAGES
+  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
+  if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
+    const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
     const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
     constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
     for (int i = 0; i < nrec; ++i) {
@@ -1247,27 +1230,20 @@ __global__ void __launch_bounds__(WS_THREADS, (ROWS == 1 ? NT >= 16 : NT >= 8) ?
       if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
       if (lane == 0) {
         uint8_t* slot = ring + s * SLOT;
-        mbar_expect(full + s, XB + ROWS * WBYTES);
+        mbar_expect(full + s, XB + WBYTES);
         bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-          bulk_g2s(slot + XB + r * REC, rec + ((size_t)min(nb0 + r, NB - 1) * KB + a + i) * REC, WBYTES, full + s);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
       }
       __syncwarp();
     }
   } else {  // ---- consumers
-    int v0[H], n0[H];  // this lane's view / nibble words in a slot (row g of its 16 channels; + 8 rows: + 512 / + 256)
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-      const int rb = XB + (ct[h] >> 3) * REC, ch = 16 * (ct[h] & 7);
-      v0[h] = rb + (ch + g) * 64 + 16 * t;
-      n0[h] = rb + VIEW_BYTES + (ch + g) * 32 + 16 * (t & 1);
-    }
+    const int c = nb * 8 + warp;  // this warp's 16-channel tile
+    const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const int nsh = (t >> 1) * 4;
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
-    if (ROWS == 1 && !VIEW) {
-      const int c = nb0 * 8 + warp;  // this warp's 16-channel tile
+    if (!VIEW) {
       for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
       __syncwarp();
       e_lo = my_toff[0];
@@ -1275,43 +1251,33 @@ __global__ void __launch_bounds__(WS_THREADS, (ROWS == 1 ? NT >= 16 : NT >= 8) ?
       for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
         my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
     }
-    if (ROWS == 1) {
-      for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
-      __syncwarp();
-    }
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+    __syncwarp();
 
     for (int i = 0; i < nrec; ++i) {
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
       const uint8_t* slot = ring + s * SLOT;
-      uint32_t fa[H][4][4];
+      const uint4 va = *reinterpret_cast<const uint4*>(slot + v0), vb = *reinterpret_cast<const uint4*>(slot + v1);
+      uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+      if (!VIEW) {
+        na = *reinterpret_cast<const uint4*>(slot + n0);
+        nbw = *reinterpret_cast<const uint4*>(slot + n1);
+      }
+      uint32_t fa[4][4];
 #pragma unroll
-      for (int h = 0; h < H; ++h) {
-        const uint4 va = *reinterpret_cast<const uint4*>(slot + v0[h]);
-        const uint4 vb = *reinterpret_cast<const uint4*>(slot + v0[h] + 8 * 64);
-        uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
-        if (!VIEW) {
-          na = *reinterpret_cast<const uint4*>(slot + n0[h]);
-          nbw = *reinterpret_cast<const uint4*>(slot + n0[h] + 8 * 32);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t nwa = VIEW ? 0u : word(na, k) >> nsh, nwb = VIEW ? 0u : word(nbw, k) >> nsh;
-          decode4<VIEW>(word(va, k), nwa, fa[h][k][0], fa[h][k][2]);
-          decode4<VIEW>(word(vb, k), nwb, fa[h][k][1], fa[h][k][3]);
-        }
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t nwa = VIEW ? 0u : word(na, k) >> nsh, nwb = VIEW ? 0u : word(nbw, k) >> nsh;
+        decode4<VIEW>(word(va, k), nwa, fa[k][0], fa[k][2]);
+        decode4<VIEW>(word(vb, k), nwb, fa[k][1], fa[k][3]);
       }
       const uint32_t xa = saddr(slot);
-#pragma unroll
-      for (int h = 0; h < H; ++h) fence_acc(acc[h]);
+      fence_acc(acc);
       wg_fence();
 #pragma unroll
-      for (int h = 0; h < H; ++h)
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          wgmma_k16<NT>(acc[h], fa[h][k][0], fa[h][k][1], fa[h][k][2], fa[h][k][3], wg_desc(xa + 32 * k));
+      for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
       wg_commit();
-      if (ROWS == 1 && !VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
+      if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
         const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
         for (int e = i0; e < i1; ++e) {
           const uint2 en = my_ent[e];
@@ -1328,62 +1294,49 @@ __global__ void __launch_bounds__(WS_THREADS, (ROWS == 1 ? NT >= 16 : NT >= 8) ?
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
-#pragma unroll
-    for (int h = 0; h < H; ++h) fence_acc(acc[h]);  // the accumulators are read only after the last wait
+    fence_acc(acc);  // the accumulators are read only after the last wait
   }
-  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][CH] (X row-major) from here on
+  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
-  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr, + the escapes not in corr
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
 #pragma unroll
-    for (int h = 0; h < H; ++h) {
-      float* red = reinterpret_cast<float*>(ring) + 16 * ct[h];  // channel 16·ct + r of X row m at m·CH + r
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {  // the wgmma D layout: channels g, g + 8, X rows 8j + 2t, +1
-        red[(8 * j + 2 * t) * CH + g] = acc[h][j][0];
-        red[(8 * j + 2 * t + 1) * CH + g] = acc[h][j][1];
-        red[(8 * j + 2 * t) * CH + g + 8] = acc[h][j][2];
-        red[(8 * j + 2 * t + 1) * CH + g + 8] = acc[h][j][3];
-      }
+    for (int j = 0; j < NT; ++j) {  // the wgmma D layout: channels g, g + 8, X rows 8j + 2t, +1
+      red[(8 * j + 2 * t) * 128 + g] = acc[j][0];
+      red[(8 * j + 2 * t + 1) * 128 + g] = acc[j][1];
+      red[(8 * j + 2 * t) * 128 + g + 8] = acc[j][2];
+      red[(8 * j + 2 * t + 1) * 128 + g + 8] = acc[j][3];
     }
     __syncwarp();
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-      float* red = reinterpret_cast<float*>(ring) + 16 * ct[h];
-      for (int idx = lane; idx < 16 * MT; idx += 32) {
-        const int r = idx & 15, m = idx >> 4;
-        red[m * CH + r] = red[m * CH + r] * __int_as_float((int)s_e[16 * ct[h] + r] << 23) + (ROWS == 1 ? my_corr[idx] : 0.f);
-      }
+    for (int idx = lane; idx < 16 * MT; idx += 32) {
+      const int r = idx & 15, m = idx >> 4;
+      red[m * 128 + r] = red[m * 128 + r] * __int_as_float((int)s_e[16 * warp + r] << 23) + my_corr[idx];
     }
     __syncwarp();
-#pragma unroll
-    for (int h = 0; h < H; ++h) {  // ROWS = 1: the entries past the prefetch; ROWS = 2: all; from global memory, in order
-      const int c = nb0 * 8 + ct[h];
-      if (VIEW || c >= NB * 8) continue;  // a missing last row: nothing stored
-      const int lo = __ldg(toff + (long)c * KB + a), hi = __ldg(toff + (long)c * KB + b);
-      float* red = reinterpret_cast<float*>(ring) + 16 * ct[h];
-      for (int e = lo + (ROWS == 1 ? WS_ECAP : 0); e < hi; ++e) {
+    if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
+      for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
         const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
         const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
         const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
-        const float d = wv - __int_as_float(((int)s_e[16 * ct[h] + rl] - 15) << 23);
+        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
         for (int m = lane; m < mcount; m += 32)
-          red[m * CH + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * CH + rl]);
+          red[m * 128 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * 128 + rl]);
         __syncwarp();
       }
     }
   }
-  finish_tile<CH, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
-                                        S, &s_last, y, ldy, N, nb0 * 128, m0, mcount);
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
-template <int NT, bool VIEW, int ROWS>
+template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st) {
-  static_assert(128 * ROWS * 8 * NT * 4 <= ws_stages<NT, ROWS>() * ws_slot<NT, ROWS>(), "the sums fit in the ring");
-  auto kern = w12_gemm_ws_kernel<NT, VIEW, ROWS>;
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
-  const size_t smem = ws_smem<NT, ROWS>(kps);
+  const size_t smem = ws_smem<NT>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1394,7 +1347,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
-  dim3 grid((NB + ROWS - 1) / ROWS, mtiles, split);
+  dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                                        (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
                                        (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
@@ -1542,20 +1495,19 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 }
 
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// rows: record rows (128 channels each) per CTA, 1 or 2; split: CTAs along K (split > 1 needs ws: fp32
-// [ceil(NB / rows) · ceil(M / 8nt) · split · 128 · rows · 8nt] and tickets: int32 zeros [ceil(NB / rows) · ceil(M / 8nt)],
-// left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order (w12_x_ws_kernel, launched
-// first on the stream).  Same tensors and preconditions as w12_gemv.
+// split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
+// [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
+// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           int rows, void* ws, void* tickets, void* xq, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-#define W12_WS(NTV, V, R) \
-  if (nt == NTV && !!view == V && rows == R) \
-    return launch_ws<NTV, V, R>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
-#define W12_WS4(V, R) W12_WS(2, V, R) W12_WS(4, V, R) W12_WS(8, V, R) W12_WS(16, V, R)
-  W12_WS4(false, 1) W12_WS4(true, 1) W12_WS4(false, 2) W12_WS4(true, 2)
+#define W12_WS(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
+  W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
 #undef W12_WS
   return (int)cudaErrorInvalidValue;

@@ -100,10 +100,10 @@ def test_xs_table_dispatch(tmp_path, monkeypatch):
 
 def test_ws_table_dispatch(tmp_path, monkeypatch):
     """Every measured ws entry is a compiled nt that holds its M bucket (two M tiles of nt 8 allowed at 128), split
-    ≤ min(8, K / 64), one or two record rows per CTA; a ws_table.py written by bench/ws_configs.py (W12_WS_TABLE) sends its entries to the ws kernel
+    ≤ min(8, K / 64); a ws_table.py written by bench/ws_configs.py (W12_WS_TABLE) sends its entries to the ws kernel
     ahead of the xs table."""
     assert all(c.nt in gc.WS_NTS and (b <= 8 * c.nt or (b, c.nt) == (128, 8)) and 1 <= c.split <= min(8, k // 64)
-               and c.rows in (1, 2) for (n, k, b), c in gc.WS_TABLE.items())
+               for (n, k, b), c in gc.WS_TABLE.items())
     assert (4096, 14336, 32) in gc.XS_TABLE and (4096, 14336, 32) not in gc.WS_TABLE
     p = tmp_path / "ws_table.py"
     p.write_text("WS_TABLE = {\n    (4096, 14336, 32): WsConfig(nt=4, split=4),\n}\n")
@@ -206,8 +206,8 @@ def test_configs_name_compiled_kernels(tmp_path):
         return lib.w12_gemm_xs(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, warps, unroll, 1, p, p, 0, int(wg),
                                p, p)
 
-    def ws(nt, split, view, rows=1):
-        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, rows, p, p, p, p)
+    def ws(nt, split, view):
+        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p)
 
     shapes = [(n, k) for n, k, _, _ in gc.TABLE] + [(512, 8192), (999 * 128, 4096), (3072, 4096)]
     skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
@@ -217,10 +217,10 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
     assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
     assert all(xs(c.nt, c.warps, c.unroll, c.wg, v) not in (0, 1) for c in gc.XS_TABLE.values() for v in (0, 1))
-    assert all(ws(nt, 1, v, r) not in (0, 1) for nt in gc.WS_NTS for v in (0, 1) for r in (1, 2))
-    assert all(ws(c.nt, min(c.split, 8), v, c.rows) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
+    assert all(ws(nt, 1, v) not in (0, 1) for nt in gc.WS_NTS for v in (0, 1))
+    assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
     # and the dispatchers do refuse what they do not compile
-    assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1 and ws(4, 1, 0, 3) == 1
+    assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
 
