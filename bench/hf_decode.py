@@ -33,7 +33,10 @@ A round's rate is (new_tokens − 1) / (t(new_tokens) − t(1)): the prefill and
 the figure is the steady per-token rate. Each round times two harnesses: generate(max_new_tokens=n, min_new_tokens=n)
 (`decode_tok_s`, `speedup_w12_over_bf16`: the exact length guaranteed by a logits processor that runs every
 step) and plain generate(max_new_tokens=n) as users call it (`decode_tok_s_plain`,
-`speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN).
+`speedup_w12_over_bf16_plain_generate`; a round that stopped at EOS before n tokens counts as NaN). The plain one is
+the decode figure the README quotes: it is the harness as specified (256 new tokens, greedy, static cache, the
+default CompileConfig) with nothing added; the min_new_tokens one adds host work to every step on both sides, which
+dilutes the ratio by the host's speed (bench/results/2026-12-02-hf-decode-h200-s16.md).
 On CUDA each run also reports `gemm_us_per_token`:
 the projections of one token (q/k/v, o, gate/up, down per layer, and the LM head) replayed in CUDA graphs at
 batch 1, and `other_us_per_token`: the rest of a token's time (attention, norms, rotary, sampling, gaps);
