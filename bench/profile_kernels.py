@@ -138,14 +138,39 @@ def summarize(path, names, raw=None):
               f" | {st[i] if i < len(st) else ''} |")
 
 
+PIPES = ("pipe_tensor", "pipe_alu", "pipe_fma", "pipe_lsu", "pipe_uniform", "data_pipe_lsu_wavefronts_mem_shared",
+         "issue_active", "sm__throughput", "l1tex__throughput", "lts__throughput", "dram__throughput",
+         "gpu__time_duration")
+
+
+def pipes(raw, names) -> None:
+    """Per profiled kernel (a column each), every ncu --page raw metric whose name holds one of PIPES: how busy the
+    tensor, ALU, FMA and load/store pipes, the shared-memory wavefronts and the issue slots were (profile with
+    --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight)."""
+    with open(raw) as fh:
+        rd = list(csv.reader([l for l in fh if l.startswith('"')]))
+    head, units, data = rd[0], rd[1], rd[2:]
+    cols = [i for i, h in enumerate(head) if any(k in h for k in PIPES) and (h.endswith(".pct") or
+            h.endswith("pct_of_peak_sustained_active") or h.endswith("pct_of_peak_sustained_elapsed") or
+            h.startswith("gpu__time_duration.sum"))]
+    label = [(names[i] if i < len(names) else "?") + f" ({row[head.index('Kernel Name')][:28]})" for i, row in enumerate(data)]
+    print("| metric | " + " | ".join(label) + " |")
+    print("|---" * (len(label) + 1) + "|")
+    for i in cols:
+        print(f"| {head[i]} {units[i]} | " + " | ".join(row[i] for row in data) + " |")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--summarize", help="ncu CSV to summarize")
     ap.add_argument("--names", help="file with the 'variant:' lines of the profiled run")
     ap.add_argument("--raw", help="ncu --page raw CSV (stall reasons)")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"shapes and M to profile (default {DEFAULT_CASES!r})")
+    ap.add_argument("--pipes", help="ncu --page raw CSV: print the pipe and issue utilisations per kernel (PIPES)")
     a = ap.parse_args()
-    if a.summarize:
+    if a.pipes:
+        pipes(a.pipes, [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else [])
+    elif a.summarize:
         names = [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else []
         summarize(a.summarize, names, a.raw)
     else:
