@@ -35,9 +35,6 @@ PDL = os.environ.get("W12_PDL", os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "0"))
 
 TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
 
-# ws kernel: warpgroup 1 starts after warpgroup 0's first wgmma (w12_gemv.cu `stagger`); W12_WS_STAGGER=0/1
-WS_STAGGER = os.environ.get("W12_WS_STAGGER", "0") != "0"
-
 
 @dataclass(frozen=True)
 class TcConfig:
@@ -442,7 +439,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), int(WS_STAGGER), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

@@ -1189,7 +1189,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
-    int* __restrict__ tickets, int stagger) {
+    int* __restrict__ tickets) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
@@ -1253,10 +1253,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     }
     for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
     __syncwarp();
-    // stagger: warpgroup 1 starts once warpgroup 0 has issued its first record's wgmma (named barrier 1), so that one
-    // group decodes while the other's MMAs run instead of both doing the same at the same time
-    if (stagger && warp >= 4) asm volatile("bar.sync 1, 256;" ::: "memory");
-    if (stagger && warp < 4 && nrec == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
 
     for (int i = 0; i < nrec; ++i) {
       const int s = i % STAGES;
@@ -1281,7 +1277,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 #pragma unroll
       for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
       wg_commit();
-      if (stagger && warp < 4 && i == 0) asm volatile("bar.arrive 1, 256;" ::: "memory");
       if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
         const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
         for (int e = i0; e < i1; ++e) {
@@ -1337,7 +1332,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      void* xq, int stagger, cudaStream_t st) {
+                      void* xq, cudaStream_t st) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
@@ -1355,7 +1350,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                                        (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
-                                       (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, stagger);
+                                       (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
 }
 
@@ -1505,12 +1500,12 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 // (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xq, int stagger, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
-    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, !!stagger, st);
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
 #define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
