@@ -5,6 +5,8 @@
         -o prof python bench/profile_kernels.py 2> names.txt
     ncu --import prof.ncu-rep --csv --page details > details.csv; ncu --import prof.ncu-rep --csv --page raw > raw.csv
     python bench/profile_kernels.py --summarize details.csv --raw raw.csv --names names.txt
+    python bench/profile_kernels.py --pipes raw.csv --names names.txt   # tensor / ALU / LSU pipes, issue, shared memory
+                                        # (profile with --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
 
 With W12_XS_TABLE=xs_table.py (bench/xs_configs.py) the xs kernel's config for the shape is profiled too, and the
 ws kernel's where WS_TABLE names one.  The tensor-core, xs (wgmma) and ws kernels launch an X-reordering kernel first:
