@@ -97,13 +97,22 @@ KEEP = {
 }
 
 
+def read_raw(path):
+    """(metric names, units, one row per profiled kernel) of an ncu --page raw CSV."""
+    with open(path) as fh:
+        rd = list(csv.reader([l for l in fh if l.startswith('"')]))
+    return rd[0], rd[1], rd[2:]
+
+
+def read_names(path) -> list:
+    """The variants of a profiled run, in order (its 'variant:' lines on stderr)."""
+    return [l.split("variant: ", 1)[1].strip() for l in open(path) if "variant: " in l] if path else []
+
+
 def stalls(path):
     """Per profiled kernel (in order): the top warp-stall reasons, cycles per issued instruction, from
     ncu --page raw (smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio)."""
-    with open(path) as fh:
-        lines = [l for l in fh if l.startswith('"')]
-    rd = list(csv.reader(lines))
-    head, data = rd[0], rd[2:]  # row 1: units
+    head, _, data = read_raw(path)
     pre, suf = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
     cols = [(i, h[len(pre):-len(suf)]) for i, h in enumerate(head) if h.startswith(pre) and h.endswith(suf)]
     out = []
@@ -149,13 +158,12 @@ def pipes(raw, names) -> None:
     """Per profiled kernel (a column each), every ncu --page raw metric whose name holds one of PIPES: how busy the
     tensor, ALU, FMA and load/store pipes, the shared-memory wavefronts and the issue slots were (profile with
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SpeedOfLight)."""
-    with open(raw) as fh:
-        rd = list(csv.reader([l for l in fh if l.startswith('"')]))
-    head, units, data = rd[0], rd[1], rd[2:]
+    head, units, data = read_raw(raw)
     cols = [i for i, h in enumerate(head) if any(k in h for k in PIPES) and (h.endswith(".pct") or
             h.endswith("pct_of_peak_sustained_active") or h.endswith("pct_of_peak_sustained_elapsed") or
             h.startswith("gpu__time_duration.sum"))]
-    label = [(names[i] if i < len(names) else "?") + f" ({row[head.index('Kernel Name')][:28]})" for i, row in enumerate(data)]
+    kernel = head.index("Kernel Name")
+    label = [(names[i] if i < len(names) else "?") + f" ({row[kernel][:28]})" for i, row in enumerate(data)]
     print("| metric | " + " | ".join(label) + " |")
     print("|---" * (len(label) + 1) + "|")
     for i in cols:
@@ -171,9 +179,8 @@ if __name__ == "__main__":
     ap.add_argument("--pipes", help="ncu --page raw CSV: print the pipe and issue utilisations per kernel (PIPES)")
     a = ap.parse_args()
     if a.pipes:
-        pipes(a.pipes, [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else [])
+        pipes(a.pipes, read_names(a.names))
     elif a.summarize:
-        names = [l.split("variant: ", 1)[1].strip() for l in open(a.names) if "variant: " in l] if a.names else []
-        summarize(a.summarize, names, a.raw)
+        summarize(a.summarize, read_names(a.names), a.raw)
     else:
         run(a.cases)
