@@ -27,8 +27,7 @@
 //
 // Decode (two weights per 32-bit word, SPEC.md §4): view byte b, low nibble lo ->
 //   bf16 bits of w · 2^(127 − E_n) = ((b << 8) & 0x8000) | (b << 4) | 0x3800 | lo
-//   t = prmt(v, 0, 0x1404) = [b1 0 b0 0];  s = t >> 4;  s = (t & 0x80008000) | s;
-//   c = prmt(nib, 0x38383838, 0x4140) = [38 n1 38 n0];  h = s | (c & 0x380F380F)       (5 ops / 2 weights)
+//   decode4 below: 4 integer ops per 2 weights (3 for the 8-bit view), no shift of the nibble word.
 // 8-bit view: lo = 8 (midpoint of the discarded bits), escapes keep their code value (SPEC.md §4).
 // Epilogue: y = (Σ_warps acc) · 2^(E_n − 127)  (exact power of two, fp32 bits E_n << 23), then the
 // exact sparse escape correction y += x[m, col] · (w − 2^(E_n − 142)) for the CTA's escapes in list
@@ -76,24 +75,39 @@ __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t
   return d;
 }
 
-__device__ __forceinline__ uint32_t lop3_or_and(uint32_t a, uint32_t b, uint32_t c) {  // a | (b & c)
+// Four weights (view word v = view bytes of columns c..c+3, nibble word n = their nibble bytes, the weight's
+// nibble in the low or high half of each byte) -> two bf16x2: w01 = columns c, c+1; w23 = columns c+2, c+3
+// (lower address in the low lane).  keep = nib_keep(t) says which nibble: the bits taken from h below.
+//   W12:  h = prmt(v, n, ·) = [b1 n1 b0 n0] (a 16-bit half b·2^8 + n per weight);  u = h >> 4 = b·2^4 + n >> 4
+//         (bits 12..15 of the low half get n1's low nibble: cleared below);
+//         m = (h & keep) | (u & ~keep)   sign = bit 15 of h, b's low 7 bits at 4..10 from u, the nibble at
+//         0..3 from h (keep 0x800F800F: low nibbles) or from u (keep 0x80008000: high nibbles);
+//         w = (m & 0x87FF87FF) | 0x38003800                                             (4 ops / 2 weights)
+//   view: t = prmt(v, 0, ·) = [sgn b1, b1, sgn b0, b0] (sgn: b's bit 7 in all 8 bits, prmt's sign mode);
+//         w = ((t << 4) & 0x87F087F0) | 0x38083808  (the nibble at its midpoint 8)       (3 ops / 2 weights)
+__device__ __forceinline__ uint32_t nib_keep(int t) { return t >= 2 ? 0x80008000u : 0x800F800Fu; }
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xF8;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
 }
 
-// Four weights (view word v = columns c..c+3, nibble word n with lo in each byte's low nibble) ->
-// two bf16x2: lo01 = columns c, c+1; lo23 = columns c+2, c+3 (lower address in the low lane).
+__device__ __forceinline__ uint32_t lop3_select(uint32_t a, uint32_t k, uint32_t c) {  // (a & k) | (c & ~k)
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(d) : "r"(a), "r"(k), "r"(c));
+  return d;
+}
+
 template <bool VIEW>
-__device__ __forceinline__ void decode4(uint32_t v, uint32_t n, uint32_t& w01, uint32_t& w23) {
-  uint32_t t0 = __byte_perm(v, 0u, 0x1404), t1 = __byte_perm(v, 0u, 0x3424);
-  uint32_t s0 = lop3_and_or(t0, 0x80008000u, t0 >> 4), s1 = lop3_and_or(t1, 0x80008000u, t1 >> 4);
+__device__ __forceinline__ void decode4(uint32_t v, uint32_t n, uint32_t keep, uint32_t& w01, uint32_t& w23) {
   if (VIEW) {
-    w01 = s0 | 0x38083808u;
-    w23 = s1 | 0x38083808u;
+    w01 = lop3_and_or(prmt(v, 0u, 0x9180u) << 4, 0x87F087F0u, 0x38083808u);
+    w23 = lop3_and_or(prmt(v, 0u, 0xB3A2u) << 4, 0x87F087F0u, 0x38083808u);
   } else {
-    w01 = lop3_or_and(s0, __byte_perm(n, 0x38383838u, 0x4140), 0x380F380Fu);
-    w23 = lop3_or_and(s1, __byte_perm(n, 0x38383838u, 0x4342), 0x380F380Fu);
+    const uint32_t h01 = prmt(v, n, 0x1504u), h23 = prmt(v, n, 0x3726u);
+    w01 = lop3_and_or(lop3_select(h01, keep, h01 >> 4), 0x87FF87FFu, 0x38003800u);
+    w23 = lop3_and_or(lop3_select(h23, keep, h23 >> 4), 0x87FF87FFu, 0x38003800u);
   }
 }
 
@@ -114,13 +128,13 @@ __device__ __forceinline__ uint32_t word(const uint4& q, int i) {
 // columns 16t..16t+15, X words ya/yb (X row 8j + g, columns 16t..16t+7 / +8..+15) -> 4·NT MMAs.
 template <int NT, bool VIEW>
 __device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va, const uint4& vb, const uint4& na,
-                                           const uint4& nb, const uint4 (&ya)[NT], const uint4 (&yb)[NT], int nsh) {
+                                           const uint4& nb, const uint4 (&ya)[NT], const uint4 (&yb)[NT], uint32_t nkeep) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
     uint32_t a0, a1, a2, a3;
-    uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nb, s) >> nsh;
-    decode4<VIEW>(word(va, s), nwa, a0, a2);
-    decode4<VIEW>(word(vb, s), nwb, a1, a3);
+    uint32_t nwa = VIEW ? 0u : word(na, s), nwb = VIEW ? 0u : word(nb, s);
+    decode4<VIEW>(word(va, s), nwa, nkeep, a0, a2);
+    decode4<VIEW>(word(vb, s), nwb, nkeep, a1, a3);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const uint4& q = s < 2 ? ya[j] : yb[j];
@@ -172,7 +186,7 @@ struct Group {
     }
   }
 
-  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, int nsh,
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, uint32_t nkeep,
                                           const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -188,7 +202,7 @@ struct Group {
             load_x(ya[j], yb[j], xr[j], xok[j], kb);
           }
         }
-        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nsh);
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
       }
     }
   }
@@ -401,7 +415,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const int g = lane >> 2, t = lane & 3;
   const int v0 = g * 64 + 16 * t, v1 = v0 + 8 * 64;  // in-record byte offsets for r0 = 0
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const int nsh = (t >> 1) * 4;  // columns 32..63 sit in the high nibbles
+  const uint32_t nkeep = nib_keep(t);  // columns 32..63 sit in the high nibbles
   const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
@@ -436,9 +450,9 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
-    ga.compute(acc, kb0, b, WARPS, nsh, xr, xok);
+    ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
     ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
-    gb.compute(acc, kb0 + STEP, b, WARPS, nsh, xr, xok);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
   }
 
@@ -700,7 +714,7 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   const int rw = 16 * warp;  // the warp's first row in the W stage
   const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
   const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const int nsh = (t >> 1) * 4;
+  const uint32_t nkeep = nib_keep(t);
 
   // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xp, X in k order with rows of
   // K = 64·KB, so that x_off holds) and W of record kb -> slot
@@ -783,9 +797,9 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
     uint32_t fa[4][4];
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const uint32_t nwa = VIEW ? 0u : word(na, s) >> nsh, nwb = VIEW ? 0u : word(nbw, s) >> nsh;
-      decode4<VIEW>(word(va, s), nwa, fa[s][0], fa[s][2]);
-      decode4<VIEW>(word(vb, s), nwb, fa[s][1], fa[s][3]);
+      const uint32_t nwa = VIEW ? 0u : word(na, s), nwb = VIEW ? 0u : word(nbw, s);
+      decode4<VIEW>(word(va, s), nwa, nkeep, fa[s][0], fa[s][2]);
+      decode4<VIEW>(word(vb, s), nwb, nkeep, fa[s][1], fa[s][3]);
     }
     const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xsl);
     fence_acc(acc);
@@ -912,7 +926,7 @@ struct WStage {
   // already offset to this lane's row g and swizzled chunks (xa: columns 16t..+7, xb: +8..+15)
   template <int NT>
   __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int b, const uint8_t* xr, int xa, int xb,
-                                          int nsh) {
+                                          uint32_t nkeep) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (kb0 + u < b) {
@@ -923,7 +937,7 @@ struct WStage {
           ya[j] = *reinterpret_cast<const uint4*>(xu + j * 1024 + xa);
           yb[j] = *reinterpret_cast<const uint4*>(xu + j * 1024 + xb);
         }
-        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nsh);
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
       }
     }
   }
@@ -932,16 +946,16 @@ struct WStage {
   // decoded fragments in registers, B = the record's X block in k order at shared address xb (32·s bytes in at
   // k-step s), waited for before the fragment registers are reused.
   template <int NT>
-  __device__ __forceinline__ void compute_wg(float (&acc)[NT][4], int kb0, int b, uint32_t xb, int nsh) {
+  __device__ __forceinline__ void compute_wg(float (&acc)[NT][4], int kb0, int b, uint32_t xb, uint32_t nkeep) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (kb0 + u < b) {
         uint32_t fa[4][4];
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-          const uint32_t nwa = VIEW ? 0u : word(na[u], s) >> nsh, nwb = VIEW ? 0u : word(nb[u], s) >> nsh;
-          decode4<VIEW>(word(va[u], s), nwa, fa[s][0], fa[s][2]);
-          decode4<VIEW>(word(vb[u], s), nwb, fa[s][1], fa[s][3]);
+          const uint32_t nwa = VIEW ? 0u : word(na[u], s), nwb = VIEW ? 0u : word(nb[u], s);
+          decode4<VIEW>(word(va[u], s), nwa, nkeep, fa[s][0], fa[s][2]);
+          decode4<VIEW>(word(vb[u], s), nwb, nkeep, fa[s][1], fa[s][3]);
         }
         const uint32_t xu = xb + u * (8 * NT * 128);
         fence_acc(acc);
@@ -984,7 +998,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kern
   const uint8_t* base = rec + (size_t)nb * KB * REC;
   const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
   const int n0 = VIEW_BYTES + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const int nsh = (t >> 1) * 4;
+  const uint32_t nkeep = nib_keep(t);
   const int xa = g * 128 + (((2 * t) ^ g) << 4), xb = g * 128 + (((2 * t + 1) ^ g) << 4);  // row g (of 8j + g)
 
   // X chunk ci (records a + C·ci .. < b, rows m0 .. m0 + MT − 1 of xk, rows ≥ M zero-filled) -> ring slot `slot`.
@@ -1031,11 +1045,11 @@ __global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kern
     const int k0 = a + C * ci;
 #pragma unroll 1
     for (int r = 0; r < C && k0 + r < b; r += 2 * U) {
-      if (WG) ga.template compute_wg<NT>(acc, k0 + r, b, xcs + r * XREC, nsh);
-      else ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nsh);
+      if (WG) ga.template compute_wg<NT>(acc, k0 + r, b, xcs + r * XREC, nkeep);
+      else ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nkeep);
       ga.load(base, k0 + r + 2 * U, b, v0, v1, n0, n1);
-      if (WG) gb.template compute_wg<NT>(acc, k0 + r + U, b, xcs + (r + U) * XREC, nsh);
-      else gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nsh);
+      if (WG) gb.template compute_wg<NT>(acc, k0 + r + U, b, xcs + (r + U) * XREC, nkeep);
+      else gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nkeep);
       gb.load(base, k0 + r + 3 * U, b, v0, v1, n0, n1);
     }
   }
@@ -1240,7 +1254,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const int c = nb * 8 + warp;  // this warp's 16-channel tile
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-    const int nsh = (t >> 1) * 4;
+    const uint32_t nkeep = nib_keep(t);
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
     if (!VIEW) {
@@ -1267,9 +1281,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       uint32_t fa[4][4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint32_t nwa = VIEW ? 0u : word(na, k) >> nsh, nwb = VIEW ? 0u : word(nbw, k) >> nsh;
-        decode4<VIEW>(word(va, k), nwa, fa[k][0], fa[k][2]);
-        decode4<VIEW>(word(vb, k), nwb, fa[k][1], fa[k][3]);
+        const uint32_t nwa = VIEW ? 0u : word(na, k), nwb = VIEW ? 0u : word(nbw, k);
+        decode4<VIEW>(word(va, k), nwa, nkeep, fa[k][0], fa[k][2]);
+        decode4<VIEW>(word(vb, k), nwb, nkeep, fa[k][1], fa[k][3]);
       }
       const uint32_t xa = saddr(slot);
       fence_acc(acc);
