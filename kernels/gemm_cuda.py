@@ -69,7 +69,8 @@ WS_NTS = (2, 4, 8, 16)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
 # (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15.md: 36 of the 50; 1.21–1.37× from M = 48 on; 1.08–1.20× at
-# M ≤ 32 for the LM heads, 28672×4096, 10240×5120, 51200×5120 and 5120×25600; the others keep the skinny / xs kernels).
+# M ≤ 32 for the LM heads, 28672×4096, 10240×5120, 51200×5120 and 5120×25600; the others keep the skinny / xs kernels;
+# re-run after the 4-op decode, 2026-12-02-ws-configs-h200-s17.md: 37 of the 50, ten splits changed).
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=8, split=4),
     (6144, 4096, 64): WsConfig(nt=8, split=4),
@@ -87,21 +88,22 @@ WS_TABLE: dict = {
     (128256, 4096, 48): WsConfig(nt=8, split=1),
     (128256, 4096, 64): WsConfig(nt=8, split=1),
     (128256, 4096, 128): WsConfig(nt=16, split=1),
-    (10240, 5120, 32): WsConfig(nt=4, split=8),
-    (10240, 5120, 48): WsConfig(nt=8, split=4),
-    (10240, 5120, 64): WsConfig(nt=8, split=4),
+    (10240, 5120, 32): WsConfig(nt=4, split=2),
+    (10240, 5120, 48): WsConfig(nt=8, split=2),
+    (10240, 5120, 64): WsConfig(nt=8, split=2),
     (10240, 5120, 128): WsConfig(nt=16, split=1),
-    (5120, 8192, 48): WsConfig(nt=8, split=8),
-    (5120, 8192, 64): WsConfig(nt=8, split=8),
+    (5120, 8192, 32): WsConfig(nt=4, split=4),
+    (5120, 8192, 48): WsConfig(nt=8, split=4),
+    (5120, 8192, 64): WsConfig(nt=8, split=4),
     (5120, 8192, 128): WsConfig(nt=16, split=2),
     (51200, 5120, 32): WsConfig(nt=4, split=2),
-    (51200, 5120, 48): WsConfig(nt=8, split=2),
-    (51200, 5120, 64): WsConfig(nt=8, split=2),
+    (51200, 5120, 48): WsConfig(nt=8, split=1),
+    (51200, 5120, 64): WsConfig(nt=8, split=1),
     (51200, 5120, 128): WsConfig(nt=16, split=1),
-    (5120, 25600, 32): WsConfig(nt=4, split=8),
+    (5120, 25600, 32): WsConfig(nt=4, split=4),
     (5120, 25600, 48): WsConfig(nt=8, split=8),
     (5120, 25600, 64): WsConfig(nt=8, split=8),
-    (5120, 25600, 128): WsConfig(nt=16, split=8),
+    (5120, 25600, 128): WsConfig(nt=8, split=8),
     (151936, 5120, 16): WsConfig(nt=2, split=1),
     (151936, 5120, 32): WsConfig(nt=4, split=1),
     (151936, 5120, 48): WsConfig(nt=8, split=1),
@@ -226,10 +228,12 @@ def _nt_for(m: int) -> int:
 # M 9-64: 2026-12-02 at aaf9ff8, `--sweep-ms 16,32,64`, 2026-12-02-kernels-cuda-sweep-h200-s10.txt);
 # other shapes: pick_config's rule.  A re-sweep of M ≤ 8 after the one-warp epilogue (2026-12-02-kernels-cuda-h200-
 # s13-sweep.md) was not adopted: no better by do_bench, and the Transformers decode was measured with these.
+# Re-swept after the 4-op decode (e88f001; `--sweep-ms 1,16`, 2026-12-02-kernels-cuda-h200-s17-sweep.md): adopted for
+# the view at M ≤ 8 (5120×8192 and 5120×25600 9–12 % faster by do_bench) and for M 9–16; W12 at M ≤ 8 kept.
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
-    (6144, 4096, 16, False): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 16, False): CudaConfig(2, 4, 1, 1),
     (6144, 4096, 16, True): CudaConfig(2, 8, 1, 1),
     (6144, 4096, 32, False): CudaConfig(4, 4, 1, 1),
     (6144, 4096, 32, True): CudaConfig(2, 8, 1, 1),
@@ -252,7 +256,7 @@ TABLE: dict = {
     (28672, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (28672, 4096, 64, True): CudaConfig(4, 4, 1, 1),
     (4096, 14336, 8, False): CudaConfig(1, 8, 2, 1),
-    (4096, 14336, 8, True): CudaConfig(1, 8, 1, 2),
+    (4096, 14336, 8, True): CudaConfig(1, 4, 1, 4),
     (4096, 14336, 16, False): CudaConfig(2, 8, 1, 1),
     (4096, 14336, 16, True): CudaConfig(2, 8, 1, 1),
     (4096, 14336, 32, False): CudaConfig(4, 4, 1, 2),
@@ -276,9 +280,9 @@ TABLE: dict = {
     (10240, 5120, 64, False): CudaConfig(4, 4, 1, 1),
     (10240, 5120, 64, True): CudaConfig(4, 4, 1, 1),
     (5120, 8192, 8, False): CudaConfig(1, 4, 1, 2),
-    (5120, 8192, 8, True): CudaConfig(1, 4, 1, 2),
+    (5120, 8192, 8, True): CudaConfig(1, 8, 1, 1),
     (5120, 8192, 16, False): CudaConfig(2, 4, 1, 2),
-    (5120, 8192, 16, True): CudaConfig(2, 4, 1, 2),
+    (5120, 8192, 16, True): CudaConfig(2, 8, 1, 1),
     (5120, 8192, 32, False): CudaConfig(4, 4, 1, 1),
     (5120, 8192, 32, True): CudaConfig(2, 4, 1, 1),
     (5120, 8192, 64, False): CudaConfig(4, 4, 1, 1),
@@ -292,7 +296,7 @@ TABLE: dict = {
     (51200, 5120, 64, False): CudaConfig(4, 4, 1, 1),
     (51200, 5120, 64, True): CudaConfig(4, 4, 1, 1),
     (5120, 25600, 8, False): CudaConfig(1, 4, 1, 2),
-    (5120, 25600, 8, True): CudaConfig(1, 8, 1, 4),
+    (5120, 25600, 8, True): CudaConfig(1, 8, 1, 1),
     (5120, 25600, 16, False): CudaConfig(2, 4, 1, 2),
     (5120, 25600, 16, True): CudaConfig(2, 4, 1, 2),
     (5120, 25600, 32, False): CudaConfig(4, 4, 1, 4),
@@ -308,7 +312,7 @@ TABLE: dict = {
     (151936, 5120, 64, False): CudaConfig(4, 4, 1, 1),
     (151936, 5120, 64, True): CudaConfig(4, 4, 1, 1),
     (1024, 4096, 8, False): CudaConfig(1, 8, 1, 4),
-    (1024, 4096, 8, True): CudaConfig(1, 8, 2, 2),
+    (1024, 4096, 8, True): CudaConfig(1, 8, 1, 4),
     (1024, 4096, 16, False): CudaConfig(1, 8, 2, 1),
     (1024, 4096, 16, True): CudaConfig(1, 8, 1, 1),
     (1024, 4096, 32, False): CudaConfig(2, 8, 2, 1),
@@ -316,7 +320,7 @@ TABLE: dict = {
     (1024, 4096, 64, False): CudaConfig(4, 8, 1, 1),
     (1024, 4096, 64, True): CudaConfig(4, 8, 1, 1),
     (14336, 4096, 8, False): CudaConfig(1, 4, 1, 1),
-    (14336, 4096, 8, True): CudaConfig(1, 8, 1, 1),
+    (14336, 4096, 8, True): CudaConfig(1, 4, 1, 1),
     (14336, 4096, 16, False): CudaConfig(2, 8, 1, 1),
     (14336, 4096, 16, True): CudaConfig(2, 8, 1, 1),
     (14336, 4096, 32, False): CudaConfig(4, 4, 1, 1),
