@@ -1198,6 +1198,119 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
          2 * ws_stages<NT>() * 8;
 }
 
+// ---- the ws kernel's pieces
+
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
+template <int NT, bool VIEW, int STAGES>
+__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
+                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
+                                           int lane) {
+  constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
+  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
+  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
+  const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
+  for (int i = 0; i < nrec; ++i) {
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+    if (lane == 0) {
+      uint8_t* slot = ring + s * SLOT;
+      mbar_expect(full + s, XB + WBYTES);
+      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+    }
+    __syncwarp();
+  }
+}
+
+// A decoding warp's escapes (tile c = nb·8 + w): the per-record offsets my_toff[0..nrec] and the first WS_ECAP
+// entries staged in shared memory, [e_lo, e_hi) = its entries; its corr zeroed.
+template <int MT, bool VIEW>
+__device__ __forceinline__ void ws_escape_prologue(int* my_toff, uint2* my_ent, float* my_corr, const int32_t* toff,
+                                                   const int32_t* tent, int c, int KB, int a, int nrec, int lane,
+                                                   int& e_lo, int& e_hi) {
+  if (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
+      my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
+  }
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  __syncwarp();
+}
+
+// The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
+template <bool VIEW>
+__device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, int n0, int n1, uint32_t nkeep,
+                                          uint32_t (&fa)[4][4]) {
+  const uint4 va = *reinterpret_cast<const uint4*>(slot + v0), vb = *reinterpret_cast<const uint4*>(slot + v1);
+  uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
+  if (!VIEW) {
+    na = *reinterpret_cast<const uint4*>(slot + n0);
+    nbw = *reinterpret_cast<const uint4*>(slot + n1);
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    decode4<VIEW>(word(va, k), VIEW ? 0u : word(na, k), nkeep, fa[k][0], fa[k][2]);
+    decode4<VIEW>(word(vb, k), VIEW ? 0u : word(nbw, k), nkeep, fa[k][1], fa[k][3]);
+  }
+}
+
+// Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
+// (s_ew: the tile's 16 exponents).
+template <int MT>
+__device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
+                                           const uint8_t* slot, const uint8_t* s_ew, float* my_corr, int lane) {
+  const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
+  for (int e = i0; e < i1; ++e) {
+    const uint2 en = my_ent[e];
+    const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+    const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+    const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
+    for (int m = lane; m < MT; m += 32) {
+      const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+      my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
+    }
+  }
+}
+
+// A warp's sums (the wgmma D layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1) -> red[m·128 + channel].
+template <int NT>
+__device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    red[(8 * j + 2 * t) * 128 + g] = acc[j][0];
+    red[(8 * j + 2 * t + 1) * 128 + g] = acc[j][1];
+    red[(8 * j + 2 * t) * 128 + g + 8] = acc[j][2];
+    red[(8 * j + 2 * t + 1) * 128 + g + 8] = acc[j][3];
+  }
+}
+
+// The warp's 16 channels of red: y = sum · 2^(E_n − 127) + corr, then the entries past WS_ECAP from global memory in
+// list order.
+template <int MT, bool VIEW>
+__device__ __forceinline__ void ws_scale(float* red, const uint8_t* s_ew, const float* my_corr, int e_lo, int e_hi,
+                                         const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0, int mcount,
+                                         int lane) {
+  for (int idx = lane; idx < 16 * MT; idx += 32) {
+    const int r = idx & 15, m = idx >> 4;
+    red[m * 128 + r] = red[m * 128 + r] * __int_as_float((int)s_ew[r] << 23) + my_corr[idx];
+  }
+  __syncwarp();
+  if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
+    for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
+      for (int m = lane; m < mcount; m += 32)
+        red[m * 128 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * 128 + rl]);
+      __syncwarp();
+    }
+  }
+}
+
 template <int NT, bool VIEW>
 __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
@@ -1235,75 +1348,28 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
-  if (warp == 8) {  // ---- producer (the warp waits, lane 0 copies): record a + i and its X tile -> slot i % STAGES
-    const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
-    const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
-    constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-    for (int i = 0; i < nrec; ++i) {
-      const int s = i % STAGES;
-      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-      if (lane == 0) {
-        uint8_t* slot = ring + s * SLOT;
-        mbar_expect(full + s, XB + WBYTES);
-        bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
-      }
-      __syncwarp();
-    }
+  if (warp == 8) {  // ---- producer
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
   } else {  // ---- consumers
-    const int c = nb * 8 + warp;  // this warp's 16-channel tile
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
-    if (!VIEW) {
-      for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
-      __syncwarp();
-      e_lo = my_toff[0];
-      e_hi = my_toff[nrec];
-      for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
-        my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
-    }
-    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
-    __syncwarp();
-
+    ws_escape_prologue<MT, VIEW>(my_toff, my_ent, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi);
     for (int i = 0; i < nrec; ++i) {
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
       const uint8_t* slot = ring + s * SLOT;
-      const uint4 va = *reinterpret_cast<const uint4*>(slot + v0), vb = *reinterpret_cast<const uint4*>(slot + v1);
-      uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
-      if (!VIEW) {
-        na = *reinterpret_cast<const uint4*>(slot + n0);
-        nbw = *reinterpret_cast<const uint4*>(slot + n1);
-      }
       uint32_t fa[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t nwa = VIEW ? 0u : word(na, k), nwb = VIEW ? 0u : word(nbw, k);
-        decode4<VIEW>(word(va, k), nwa, nkeep, fa[k][0], fa[k][2]);
-        decode4<VIEW>(word(vb, k), nwb, nkeep, fa[k][1], fa[k][3]);
-      }
+      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       const uint32_t xa = saddr(slot);
       fence_acc(acc);
       wg_fence();
 #pragma unroll
       for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
       wg_commit();
-      if (!VIEW) {  // record a + i's escapes of this tile: corr[r][m] += x[m, col] · (w − w_code), list order
-        const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
-        for (int e = i0; e < i1; ++e) {
-          const uint2 en = my_ent[e];
-          const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
-          const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
-          const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
-          for (int m = lane; m < MT; m += 32) {
-            const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
-            my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
-          }
-        }
-      }
+      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       wg_wait0();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
@@ -1314,30 +1380,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {  // the wgmma D layout: channels g, g + 8, X rows 8j + 2t, +1
-      red[(8 * j + 2 * t) * 128 + g] = acc[j][0];
-      red[(8 * j + 2 * t + 1) * 128 + g] = acc[j][1];
-      red[(8 * j + 2 * t) * 128 + g + 8] = acc[j][2];
-      red[(8 * j + 2 * t + 1) * 128 + g + 8] = acc[j][3];
-    }
+    ws_store_acc<NT>(red, acc, g, t);
     __syncwarp();
-    for (int idx = lane; idx < 16 * MT; idx += 32) {
-      const int r = idx & 15, m = idx >> 4;
-      red[m * 128 + r] = red[m * 128 + r] * __int_as_float((int)s_e[16 * warp + r] << 23) + my_corr[idx];
-    }
-    __syncwarp();
-    if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
-      for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
-        const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
-        const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
-        const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
-        const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
-        for (int m = lane; m < mcount; m += 32)
-          red[m * 128 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * 128 + rl]);
-        __syncwarp();
-      }
-    }
+    ws_scale<MT, VIEW>(red, s_e + 16 * warp, my_corr, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
@@ -1362,9 +1407,9 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, WS_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
-                                       (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent,
-                                       (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+  kern<<<grid, WS_THREADS, smem, st>>>(
+      (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
+      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
 }
 
