@@ -18,7 +18,6 @@ shape, M = 16…128.  One GPU call.
 """
 
 import argparse
-import dataclasses
 import datetime
 import math
 import os
@@ -34,49 +33,37 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
 def configs(m: int, k: int, splits=(1, 2, 4, 8)):
-    """The ws configs tried at (M, K): every split of the nt that holds M (at M = 128 also nt 8), and for nt 8 and 16
-    the SS form too."""
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt == 16 else (nt,)
-    return [gc.WsConfig(v, s, ss) for v in nts for ss in ((False, True) if v in SS_NTS else (False,))
-            for s in splits if s <= k // 64]
-
-
-SS_NTS = (8, 16)  # the nt the SS form is built for
-VARIANTS = [str(v) for v in gc.WS_NTS] + [f"{v}ss" for v in SS_NTS]  # part 1 runs each in its own process
-
-
-def variant(cfg) -> str:
-    return f"{cfg.nt}{'ss' if cfg.ss else ''}"
+    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="16,32,48,64,128")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--identity", help="only part 1 for one variant: an nt, or nt + 'ss' (exit 1 if it fails)")
+    ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
     args = ap.parse_args()
     if args.identity:
-        nt, ss = int(args.identity.rstrip("s")), args.identity.endswith("ss")
-        bad = identity_product([gc.WsConfig(nt, s, ss) for s in (1, 3)], variant)
+        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
     gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
-    bad = run_isolated(os.path.abspath(__file__), VARIANTS, str)  # part 1: each variant in its own process
+    bad = run_isolated(os.path.abspath(__file__), gc.WS_NTS, str)  # part 1: each nt in its own process
     rows, best_of, raw = [], {}, []
     for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")]):
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))
-        res, worst, ys = {}, 0.0, {}
+        res, worst = {}, 0.0
         for cfg in configs(m, k):
-            if variant(cfg) in bad:
+            if cfg.nt in bad:
                 continue
             y = mt.run(x, cuda=cfg)
             err, same = rel(y, ref), all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
             if err >= 1e-2 or not same:
                 print(f"FAIL {n}x{k} M={m} {cfg}: relative error {err:.2e}, deterministic {same}", flush=True)
-                bad.add(variant(cfg))
+                bad.add(cfg.nt)
                 continue
-            worst, ys[cfg] = max(worst, err), y
+            worst = max(worst, err)
             res[cfg] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
         best = min(res, key=res.get) if res else None
         if best is not None and res[best] * 1.03 <= t_now:  # WS_TABLE holds only where ws is ≥ 3 % faster
@@ -84,12 +71,9 @@ def main():
         t_best = res[best] if best else float("nan")
         rows.append(dict(n=n, k=k, m=m, cublas=t_cublas, today=t_now, kind=kind, ws=t_best, cfg=repr(best),
                          err=worst, all={repr(c): t for c, t in res.items()}))
-        by_form = {ss: min((t for c, t in res.items() if c.ss == ss), default=float("nan")) for ss in (False, True)}
-        pairs = [(ys[c], ys[rs]) for c in ys if c.ss and (rs := dataclasses.replace(c, ss=False)) in ys]
-        same_bits = f"{sum(torch.equal(u, v) for u, v in pairs)}/{len(pairs)}"  # SS form vs register form, same bits
         print(f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | "
-              f"{best}: {t_best:.1f} ({t_cublas / t_best:.2f}×) | {t_now / t_best:.2f}× | {worst:.1e} | "
-              f"register A {by_form[False]:.1f}, SS {by_form[True]:.1f} (same bits {same_bits}) |", flush=True)
+              f"nt {best.nt if best else '-'} split {best.split if best else '-'}: {t_best:.1f} "
+              f"({t_cublas / t_best:.2f}×) | {t_now / t_best:.2f}× | {worst:.1e} |", flush=True)
         write(args, rows, best_of, bad)  # after every case: a run cut short keeps what it measured
     write(args, rows, best_of, bad)
     print(open(os.path.join(args.out, "ws_configs.md")).read())

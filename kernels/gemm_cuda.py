@@ -42,7 +42,6 @@ class TcConfig:
     shared memory)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    ss: bool = False  # the SS form (w12_gemm_ss_kernel: decoder warps write A tiles to shared memory; nt 8 and 16)
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,6 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    ss: bool = False  # the SS form (w12_gemm_ss_kernel: decoder warps write A tiles to shared memory; nt 8 and 16)
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -445,7 +443,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, int(cfg.ss), _p(ws), _p(tk), _p(xq), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

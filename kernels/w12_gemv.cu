@@ -1198,7 +1198,7 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
          2 * ws_stages<NT>() * 8;
 }
 
-// ---- pieces of the ws kernel, shared with its SS form (w12_gemm_ss_kernel below)
+// ---- the ws kernel's pieces
 
 // The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
 template <int NT, bool VIEW, int STAGES>
@@ -1388,191 +1388,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
-// =================================================================================================
-// The ws kernel's SS form (w12_gemm_ss_kernel; nt 8 and 16): the decode and the MMAs in different warps
-// =================================================================================================
-// The ws kernel's warps decode and then wait for their own wgmma (A comes from their registers), so the tensor pipe
-// and the decode take turns (2026-12-02-ws-pipes-stagger-h200-s16.md).  Here warps 8–15 (decoders; warp 8 + w owns
-// the channels 16w.., as consumer warp w of the ws kernel) decode their A fragments from the slot and store them
-// with stmatrix into an A tile in shared memory — slot i % SS_ASTAGES of an A ring of [2 halves][64 rows][128 B] in
-// the X stage's layout (K-major, 128-byte swizzle), each row's k positions as in the register fragments, so the X
-// stage's k order still matches — then add the record's escapes to corr and release the record slot.  Warps 0–7
-// (two warpgroups, half h = channels 64h..64h + 63) run four wgmma m64n(MT)k16 with both operands in shared memory
-// per record, one commit group per record, and wait for a record's group only after issuing the next one (no
-// register operand to protect); then they release that record's A slot and (X) record slot.  Barriers: full
-// (producer → all), empty (8 decoders + 8 MMA warps → producer), afull[j][h] (the 4 decoders of half h → its
-// warpgroup), aempty[j][h] (the warpgroup's 4 warps → the decoders of half h).  Epilogue: the MMA warps store their
-// sums into the ring, the decoders scale them and add corr.  Same sums as the ws kernel (same products, same k order,
-// the same accumulation order inside each wgmma), so the same bits.
-constexpr int SS_THREADS = 544, SS_ASTAGES = 2, SS_ATILE = 2 * 64 * 128;  // 8 + 8 + 1 warps; A slot bytes
-
-template <int NT>
-__host__ __device__ constexpr int ss_stages() {
-  return NT >= 16 ? 4 : 5;
-}
-
-template <int NT>
-size_t ss_smem(int kps) {  // 1024-aligned ring, A ring, corr [8][16][MT], entries, offsets [8][kps + 1], barriers
-  return 1024 + (size_t)ss_stages<NT>() * ws_slot<NT>() + SS_ASTAGES * SS_ATILE + 8 * 16 * 8 * NT * 4 +
-         8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 + (2 * ss_stages<NT>() + 4 * SS_ASTAGES) * 8;
-}
-
-__device__ __forceinline__ void stmatrix4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3) : "memory");
-}
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
-
-// One wgmma.m64n(8·NT)k16 with A and B in shared memory (descriptors da, db); operand lists written out per N.
-template <int NT>
-__device__ __forceinline__ void wgmma_ss_k16(float (&d)[NT][4], uint64_t da, uint64_t db);
-template <>
-__device__ __forceinline__ void wgmma_ss_k16<8>(float (&d)[8][4], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(da), "l"(db), "r"(1));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_ss_k16<16>(float (&d)[16][4], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(da), "l"(db), "r"(1));
-}
-
 template <int NT, bool VIEW>
-__global__ void __launch_bounds__(SS_THREADS, 1) w12_gemm_ss_kernel(
-    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
-    const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
-    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
-    int* __restrict__ tickets) {
-  constexpr int MT = 8 * NT, STAGES = ss_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  uint8_t* abuf = ring + STAGES * SLOT;                                                       // [ASTAGES][2][64][128]
-  float* corr = reinterpret_cast<float*>(abuf + SS_ASTAGES * SS_ATILE);                       // [8][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                                // [8][ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                          // [STAGES]
-  uint64_t* empty = full + STAGES;                                                            // [STAGES]
-  uint64_t* afull = empty + STAGES;                                                           // [ASTAGES][2]
-  uint64_t* aempty = afull + 2 * SS_ASTAGES;                                                  // [ASTAGES][2]
-  int* s_toff = reinterpret_cast<int*>(aempty + 2 * SS_ASTAGES);                              // [8][kps + 1]
-  __shared__ __align__(16) uint8_t s_e[128];
-  __shared__ int s_last;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, w = warp & 7;
-  const int g = lane >> 2, t = lane & 3;
-  const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
-  const int S = gridDim.z, kps = (KB + S - 1) / S;
-  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 16);
-    }
-    for (int j = 0; j < 2 * SS_ASTAGES; ++j) {
-      mbar_init(afull + j, 4);
-      mbar_init(aempty + j, 4);
-    }
-    mbar_init_fence();
-  }
-  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
-  __syncthreads();
-
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  int e_lo = 0, e_hi = 0;
-  float* my_corr = corr + w * 16 * MT;
-  if (warp == 16) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
-  } else if (warp >= 8) {  // ---- decoders: channels 16w.., half h = w / 4
-    const int h = w >> 2;
-    const int v0 = XB + (16 * w + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-    const int n0 = XB + VIEW_BYTES + (16 * w + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-    const uint32_t nkeep = nib_keep(t);
-    int* my_toff = s_toff + w * (kps + 1);
-    uint2* my_ent = s_ent + w * WS_ECAP;
-    ws_escape_prologue<MT, VIEW>(my_toff, my_ent, my_corr, toff, tent, nb * 8 + w, KB, a, nrec, lane, e_lo, e_hi);
-    // stmatrix: lane l gives row l % 8 of matrix l / 8 (0: rows 0–7 of the warp's 16, k 0–7 of the k-step; 1: rows
-    // 8–15; 2: rows 0–7, k 8–15; 3: rows 8–15, k 8–15) = fa[k][l / 8]'s layout; 16-byte chunk 2k + l / 16 of the row,
-    // swizzled by the row's index mod 8 (= l % 8).
-    const int row = 16 * (w & 3) + ((lane >> 3) & 1) * 8 + (lane & 7);
-    const uint32_t arow = saddr(abuf) + h * (SS_ATILE / 2) + row * 128;
-    const int khalf = lane >> 4, sw = lane & 7;
-    for (int i = 0; i < nrec; ++i) {
-      const int s = i % STAGES, j = i % SS_ASTAGES;
-      mbar_wait(full + s, (i / STAGES) & 1);
-      const uint8_t* slot = ring + s * SLOT;
-      uint32_t fa[4][4];
-      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      if (i >= SS_ASTAGES) mbar_wait(aempty + 2 * j + h, ((i / SS_ASTAGES) - 1) & 1);  // the warpgroup is done with it
-      const uint32_t at = arow + j * SS_ATILE;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) stmatrix4(at + (((2 * k + khalf) ^ sw) << 4), fa[k][0], fa[k][1], fa[k][2], fa[k][3]);
-      fence_proxy_async();  // the A tile's stores (generic proxy) visible to wgmma (async proxy)
-      __syncwarp();
-      if (lane == 0) mbar_arrive(afull + 2 * j + h);
-      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * w, my_corr, lane);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // done with the slot's W bytes and (escapes) X
-    }
-  } else {  // ---- MMA warpgroups: half h = warp / 4
-    const int h = warp >> 2;
-    const uint32_t ahalf = saddr(abuf) + h * (SS_ATILE / 2);
-    fence_acc(acc);
-    for (int i = 0; i < nrec; ++i) {
-      const int s = i % STAGES, j = i % SS_ASTAGES;
-      mbar_wait(full + s, (i / STAGES) & 1);  // the slot's X (bulk copy) has landed
-      mbar_wait(afull + 2 * j + h, (i / SS_ASTAGES) & 1);
-      const uint32_t xa = saddr(ring + s * SLOT), at = ahalf + j * SS_ATILE;
-      wg_fence();
-#pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma_ss_k16<NT>(acc, wg_desc(at + 32 * k), wg_desc(xa + 32 * k));
-      wg_commit();
-      if (i > 0) {  // record i − 1's group is done: its A slot and record slot are free
-        wg_wait1();
-        __syncwarp();
-        if (lane == 0) {
-          mbar_arrive(aempty + 2 * ((i - 1) % SS_ASTAGES) + h);
-          mbar_arrive(empty + (i - 1) % STAGES);
-        }
-      }
-    }
-    wg_wait0();
-    fence_acc(acc);  // the accumulators are read only after the last wait
-  }
-  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
-  const int mcount = min(MT, M - m0);
-  float* red = reinterpret_cast<float*>(ring) + 16 * w;  // channels 16w + r of X row m at m·128 + r
-  if (warp < 8) ws_store_acc<NT>(red, acc, g, t);
-  __syncthreads();
-  if (warp >= 8 && warp < 16) ws_scale<MT, VIEW>(red, s_e + 16 * w, my_corr, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
-  finish_tile<128, MT, SS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
-                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);
-}
-
-template <int NT, bool VIEW, bool SS>
-constexpr auto ws_kernel_of() {
-  if constexpr (SS) return w12_gemm_ss_kernel<NT, VIEW>;
-  else return w12_gemm_ws_kernel<NT, VIEW>;
-}
-
-template <int NT, bool VIEW, bool SS>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
-  static_assert(!SS || 128 * 8 * NT * 4 <= ss_stages<NT>() * ws_slot<NT>(), "the sums fit in the SS ring");
-  auto kern = ws_kernel_of<NT, VIEW, SS>();
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
-  size_t smem;
-  if constexpr (SS) smem = ss_smem<NT>(kps);
-  else smem = ws_smem<NT>(kps);
+  const size_t smem = ws_smem<NT>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1584,7 +1407,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, SS ? SS_THREADS : WS_THREADS, smem, st>>>(
+  kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
@@ -1730,21 +1553,19 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
   return (int)cudaErrorInvalidValue;
 }
 
-// The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above; ss = 1: its SS form w12_gemm_ss_kernel,
-// nt 8 and 16 only).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
 // (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           int ss, void* ws, void* tickets, void* xq, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-#define W12_WS(NTV, V, SS) \
-  if (nt == NTV && !!view == V && !!ss == SS) \
-    return launch_ws<NTV, V, SS>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
-#define W12_WS4(V) W12_WS(2, V, false) W12_WS(4, V, false) W12_WS(8, V, false) W12_WS(16, V, false) \
-  W12_WS(8, V, true) W12_WS(16, V, true)
+#define W12_WS(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
 #undef W12_WS
