@@ -1143,7 +1143,10 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // group in flight across records: wrong results — the next record's A fragments land in registers the in-flight
 // wgmma still reads, and pinning them makes ptxas serialize the wgmma; b90770f, -call6-wait1-FAILED.md.  Four
 // consumer warpgroups on the two halves of the M tile: slower everywhere; cc880a6, -call7-mh2.md.  The profile,
-// 2026-12-02-kernels-ncu-ws-h200-s15.md: at M = 128 neither L2 nor DRAM is the limit but the per-record chain.)
+// 2026-12-02-kernels-ncu-ws-h200-s15.md: at M = 128 neither L2 nor DRAM is the limit but the per-record chain.
+// The SS form — decoder warps storing the A tiles to shared memory with stmatrix, two MMA warpgroups running wgmma
+// from shared memory one commit group ahead: the same bits, 0.72–1.03× this kernel's speed, geomean 0.84; b509962,
+// 2026-12-02-ws-ss-FAILED-h200-s17.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
