@@ -53,48 +53,42 @@ USE_PTX = not INTERPRET  # default decode path (inline PTX on the GPU)
 # --------------------------------------------------------------------------------------------------
 # Decode
 # --------------------------------------------------------------------------------------------------
-# Two weights per 32-bit word. b = four view bytes [b3 b2 b1 b0]; nibble bytes n hold lo in bits 3..0
-# (low half of the tile) or 7..4 (high half, shifted down first).
-#   t  = prmt(b, 0)      -> [b1 0 b0 0]       view bytes in the lanes' high bytes, signs at bits 31, 15
-#   s  = t >> 4          -> lanes hold b << 4  (no bits cross lanes: the low bytes of t are zero)
-#   s  = (t & 0x80008000) | s                 sign to bit 15 of each lane            (lop3)
-#   c  = prmt(n, 0x38383838) -> [38 n1 38 n0]  bias byte over each nibble byte
-#   h  = s | (c & 0x380F380F)                 bias 0x3800 + low nibble, junk nibble masked (lop3)
+# Two weights per 32-bit word (the CUDA kernels' decode4, kernels/w12_gemv.cu). b = four view bytes [b3 b2 b1 b0],
+# n = their nibble bytes, lo in bits 3..0 (low half of the tile) or 7..4 (high half).
+#   h = prmt(b, n, 0x1504) -> [b1 n1 b0 n0]     a 16-bit lane b·2^8 + n per weight
+#   u = h >> 4                                  b's low 7 bits at 4..10 (bits 12..15 of the low lane: junk)
+#   m = (h & keep) | (u & ~keep)                sign from h; lo from h (keep 0x800F800F) or u (0x80008000) (lop3)
+#   w = (m & 0x87FF87FF) | 0x38003800           junk cleared, exponent bits 13..11 set                     (lop3)
+# 8-bit view (lo = 8): t = prmt(b, 0, 0x9180) = [sgn b1, b1, sgn b0, b0] (sign-replicate mode),
+#   w = ((t << 4) & 0x87F087F0) | 0x38083808
 _PTX_BODY = """
-    prmt.b32 t, $2, z, 0x1404;
-    shr.u32 s, t, 4;
-    lop3.b32 s, t, msk, s, 0xEA;
-    prmt.b32 c, NIB, k38, 0x4140;
-    lop3.b32 $0, s, c, kor, 0xF8;
-    prmt.b32 t, $2, z, 0x3424;
-    shr.u32 s, t, 4;
-    lop3.b32 s, t, msk, s, 0xEA;
-    prmt.b32 c, NIB, k38, 0x4342;
-    lop3.b32 $1, s, c, kor, 0xF8;
+    prmt.b32 h, $2, $3, 0x1504;
+    shr.u32 u, h, 4;
+    lop3.b32 m, h, keep, u, 0xE2;
+    lop3.b32 $0, m, msk, kb, 0xEA;
+    prmt.b32 h, $2, $3, 0x3726;
+    shr.u32 u, h, 4;
+    lop3.b32 m, h, keep, u, 0xE2;
+    lop3.b32 $1, m, msk, kb, 0xEA;
 """
 _PTX_DECLS = """
-    .reg .b32 t, s, c, z, msk, k38, kor, nh;
-    mov.b32 z, 0;
-    mov.b32 msk, 0x80008000;
-    mov.b32 k38, 0x38383838;
-    mov.b32 kor, 0x380F380F;
+    .reg .b32 h, u, m, keep, msk, kb;
+    mov.b32 msk, 0x87FF87FF;
+    mov.b32 kb, 0x38003800;
 """
-PTX_LO = tl.constexpr("{" + _PTX_DECLS + _PTX_BODY.replace("NIB", "$3") + "}")
-PTX_HI = tl.constexpr("{" + _PTX_DECLS + "    shr.u32 nh, $3, 4;\n" + _PTX_BODY.replace("NIB", "nh") + "}")
-# 8-bit view: lo = 8, h = ((b << 8) & 0x8000) | (b << 4) | 0x3808
+PTX_LO = tl.constexpr("{" + _PTX_DECLS + "    mov.b32 keep, 0x800F800F;\n" + _PTX_BODY + "}")
+PTX_HI = tl.constexpr("{" + _PTX_DECLS + "    mov.b32 keep, 0x80008000;\n" + _PTX_BODY + "}")
 PTX_VIEW = tl.constexpr("""{
-    .reg .b32 t, s, z, msk, kv;
+    .reg .b32 t, z, msk, kv;
     mov.b32 z, 0;
-    mov.b32 msk, 0x80008000;
+    mov.b32 msk, 0x87F087F0;
     mov.b32 kv, 0x38083808;
-    prmt.b32 t, $2, z, 0x1404;
-    shr.u32 s, t, 4;
-    lop3.b32 s, t, msk, s, 0xEA;
-    or.b32 $0, s, kv;
-    prmt.b32 t, $2, z, 0x3424;
-    shr.u32 s, t, 4;
-    lop3.b32 s, t, msk, s, 0xEA;
-    or.b32 $1, s, kv;
+    prmt.b32 t, $2, z, 0x9180;
+    shl.b32 t, t, 4;
+    lop3.b32 $0, t, msk, kv, 0xEA;
+    prmt.b32 t, $2, z, 0xB3A2;
+    shl.b32 t, t, 4;
+    lop3.b32 $1, t, msk, kv, 0xEA;
 }""")
 
 
