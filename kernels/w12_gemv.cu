@@ -590,6 +590,23 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
+// A decoding warp's escapes (its 16-channel tile c) for the tensor-core and ws kernels: the per-record offsets
+// my_toff[0..nrec] and the first CAP entries staged in shared memory, [e_lo, e_hi) = its entries; its corr zeroed.
+template <int MT, bool VIEW, int CAP>
+__device__ __forceinline__ void escape_prologue(int* my_toff, uint2* my_ent, float* my_corr, const int32_t* toff,
+                                                   const int32_t* tent, int c, int KB, int a, int nrec, int lane,
+                                                   int& e_lo, int& e_hi) {
+  if (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    for (int i = lane; i < min(CAP, e_hi - e_lo); i += 32)
+      my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
+  }
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+}
+
 // ---- wgmma (sm_90a): D[64 channels, MT] += A[64, 16] · B[16, MT], A = the 4 warps' decoded fragments in
 // registers (the mma.m16n8k16 A layout per warp: warp w of the group holds channels 16w..16w+15), B = the X
 // stage in shared memory, K-major rows of 128 bytes with the 128-byte swizzle (chunk q of row m at q ^ (m & 7),
@@ -745,16 +762,8 @@ __global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
   }
   int e_lo = 0, e_hi = 0;
   int* my_toff = s_toff + warp * (kps + 1);
-  if (!VIEW) {
-    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
-    __syncwarp();
-    e_lo = my_toff[0];
-    e_hi = my_toff[nrec];
-    for (int i = lane; i < min(ECAP, e_hi - e_lo); i += 32)
-      s_ent[warp * ECAP + i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
-  }
   float* my_corr = corr + warp * 16 * MT;
-  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  escape_prologue<MT, VIEW, ECAP>(my_toff, s_ent + warp * ECAP, my_corr, toff, tent, c, KB, a, nrec, lane, e_lo, e_hi);
 
   float acc[NT][4];
 #pragma unroll
@@ -1225,24 +1234,6 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   }
 }
 
-// A decoding warp's escapes (tile c = nb·8 + w): the per-record offsets my_toff[0..nrec] and the first WS_ECAP
-// entries staged in shared memory, [e_lo, e_hi) = its entries; its corr zeroed.
-template <int MT, bool VIEW>
-__device__ __forceinline__ void ws_escape_prologue(int* my_toff, uint2* my_ent, float* my_corr, const int32_t* toff,
-                                                   const int32_t* tent, int c, int KB, int a, int nrec, int lane,
-                                                   int& e_lo, int& e_hi) {
-  if (!VIEW) {
-    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
-    __syncwarp();
-    e_lo = my_toff[0];
-    e_hi = my_toff[nrec];
-    for (int i = lane; i < min(WS_ECAP, e_hi - e_lo); i += 32)
-      my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
-  }
-  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
-  __syncwarp();
-}
-
 // The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
 template <bool VIEW>
 __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, int n0, int n1, uint32_t nkeep,
@@ -1359,7 +1350,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const uint32_t nkeep = nib_keep(t);
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
-    ws_escape_prologue<MT, VIEW>(my_toff, my_ent, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi);
+    escape_prologue<MT, VIEW, WS_ECAP>(my_toff, my_ent, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo,
+                                          e_hi);
+    __syncwarp();
     for (int i = 0; i < nrec; ++i) {
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
