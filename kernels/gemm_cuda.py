@@ -68,11 +68,12 @@ class WsConfig:
 WS_NTS = (2, 4, 8, 16)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
-# (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15.md: 36 of the 50; 1.21–1.37× from M = 48 on; 1.08–1.20× at
-# M ≤ 32 for the LM heads, 28672×4096, 10240×5120, 51200×5120 and 5120×25600; the others keep the skinny / xs kernels;
-# re-run after the 4-op decode, 2026-12-02-ws-configs-h200-s17.md: 37 of the 50, ten splits changed).
+# (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15.md: 36 of the 50; re-run after the 4-op decode, -s17.md: 37).
+# Session 18 (2026-12-03-ws-configs-h200-s18.md): every split 1–8 instead of 1/2/4/8 — a split that makes the grid
+# one full wave (3, 5, 6: e.g. 10240×5120 at M = 64, 80 tiles × 3 = 240 CTAs ≤ 264 slots instead of 320) is up to 1.55×
+# faster; 38 of the 50; the M = 128 entries measured with the nt = 16 kernel taking records in pairs.
 WS_TABLE: dict = {
-    (6144, 4096, 48): WsConfig(nt=8, split=4),
+    (6144, 4096, 48): WsConfig(nt=8, split=5),
     (6144, 4096, 64): WsConfig(nt=8, split=4),
     (6144, 4096, 128): WsConfig(nt=16, split=2),
     (4096, 4096, 128): WsConfig(nt=8, split=4),
@@ -88,22 +89,23 @@ WS_TABLE: dict = {
     (128256, 4096, 48): WsConfig(nt=8, split=1),
     (128256, 4096, 64): WsConfig(nt=8, split=1),
     (128256, 4096, 128): WsConfig(nt=16, split=1),
-    (10240, 5120, 32): WsConfig(nt=4, split=2),
-    (10240, 5120, 48): WsConfig(nt=8, split=2),
-    (10240, 5120, 64): WsConfig(nt=8, split=2),
+    (10240, 5120, 32): WsConfig(nt=4, split=3),
+    (10240, 5120, 48): WsConfig(nt=8, split=3),
+    (10240, 5120, 64): WsConfig(nt=8, split=3),
     (10240, 5120, 128): WsConfig(nt=16, split=1),
-    (5120, 8192, 32): WsConfig(nt=4, split=4),
-    (5120, 8192, 48): WsConfig(nt=8, split=4),
-    (5120, 8192, 64): WsConfig(nt=8, split=4),
-    (5120, 8192, 128): WsConfig(nt=16, split=2),
-    (51200, 5120, 32): WsConfig(nt=4, split=2),
+    (5120, 8192, 32): WsConfig(nt=4, split=3),
+    (5120, 8192, 48): WsConfig(nt=8, split=6),
+    (5120, 8192, 64): WsConfig(nt=8, split=6),
+    (5120, 8192, 128): WsConfig(nt=16, split=3),
+    (51200, 5120, 16): WsConfig(nt=2, split=3),
+    (51200, 5120, 32): WsConfig(nt=4, split=3),
     (51200, 5120, 48): WsConfig(nt=8, split=1),
     (51200, 5120, 64): WsConfig(nt=8, split=1),
     (51200, 5120, 128): WsConfig(nt=16, split=1),
-    (5120, 25600, 32): WsConfig(nt=4, split=4),
-    (5120, 25600, 48): WsConfig(nt=8, split=8),
-    (5120, 25600, 64): WsConfig(nt=8, split=8),
-    (5120, 25600, 128): WsConfig(nt=8, split=8),
+    (5120, 25600, 32): WsConfig(nt=4, split=6),
+    (5120, 25600, 48): WsConfig(nt=8, split=6),
+    (5120, 25600, 64): WsConfig(nt=8, split=6),
+    (5120, 25600, 128): WsConfig(nt=16, split=3),
     (151936, 5120, 16): WsConfig(nt=2, split=1),
     (151936, 5120, 32): WsConfig(nt=4, split=1),
     (151936, 5120, 48): WsConfig(nt=8, split=1),

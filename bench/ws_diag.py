@@ -1,0 +1,194 @@
+"""Where the ws kernel's time per record goes: the landed kernel beside builds with parts of its main loop removed
+(wrong results, timing only). One GPU call.
+
+    python bench/ws_diag.py --build DIR [--new NAME=REV ...]     # here (nvcc): one library per variant
+    W12_CUDA=1 python bench/ws_diag.py --libs DIR [--out OUT]    # on the GPU
+
+Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws consumer loop):
+  0 full           the landed kernel (checked against the reference first); in every variant the nt = 16 loop
+                   takes records one at a time (the record-pair loop switched off), so the parts compare
+  1 no decode      the A fragments are the record's raw words (LDS kept, no PRMT/LOP3 decode)
+  2 no mma         no wgmma / commit / wait: the decoded fragments are folded into one accumulator (8 LOP3)
+  3 neither        loads only
+  5 mma only       no LDS, no decode: constant fragments, wgmma as landed
+  7 ring only      the producer's ring, the barriers, the escapes and the epilogue
+  new*             kernels/w12_gemv.cu at --new NAME=REV (default: the worktree): must give the full build's bits
+If time(full) ≈ time(no decode) + time(no mma) − time(neither), the decode and the MMAs do not overlap.
+"""
+
+import argparse
+import ctypes
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only"}
+CASES = [(151936, 5120, 32), (151936, 5120, 128), (28672, 4096, 32), (28672, 4096, 128), (6144, 4096, 32),
+         (6144, 4096, 128), (4096, 14336, 64)]
+BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"), (300, 1088, 20, "WsConfig(4, 3)"),
+        (200, 64 * 7, 9, "WsConfig(2, 1)"), (300, 1088, 128, "WsConfig(16, 1)"), (1000, 4160, 100, "WsConfig(16, 3)")]
+
+ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot));
+      wg_commit();
+      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      wg_wait0();
+"""
+PAIRS = "for (; NT >= 16 && i + 1 < nrec; i += 2)"  # the nt = 16 record-pair loop: off in every diag variant
+PATCH = """#if W12_WS_DIAG & 4
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        for (int j = 0; j < 4; ++j) fa[k][j] = 0x3C003C00u ^ (uint32_t)(i * 16 + 4 * k + j);
+#elif W12_WS_DIAG & 1
+      {
+        const uint4 qa = *reinterpret_cast<const uint4*>(slot + v0), qb = *reinterpret_cast<const uint4*>(slot + v1);
+        const uint4 ra = *reinterpret_cast<const uint4*>(slot + n0), rb = *reinterpret_cast<const uint4*>(slot + n1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          fa[k][0] = word(qa, k); fa[k][1] = word(qb, k); fa[k][2] = word(ra, k); fa[k][3] = word(rb, k);
+        }
+      }
+#else
+      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+#endif
+#if W12_WS_DIAG & 2
+      {
+        uint32_t h = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) h ^= fa[k][0] ^ fa[k][1] ^ fa[k][2] ^ fa[k][3];
+        acc[0][0] += __uint_as_float(h & 0x3FFFFFu);
+      }
+      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+#else
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot));
+      wg_commit();
+      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      wg_wait0();
+#endif
+"""
+
+
+def variant_source(diag: int) -> str:
+    src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
+                         text=True).stdout
+    assert src.count(ANCHOR) == 1 and src.count(PAIRS) == 1, "the ws consumer loop changed: update bench/ws_diag.py"
+    return f"#define W12_WS_DIAG {diag}\n" + src.replace(ANCHOR, PATCH).replace(PAIRS, PAIRS.replace("NT >= 16", "false"))
+
+
+def config_for(gc, n, k, m):
+    cfg = gc.WS_TABLE.get((n, k, gc.xs_bucket(m)))
+    if cfg is not None:
+        return cfg
+    nt, split = next(v for v in gc.WS_NTS if m <= 8 * v), 1
+    tiles = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt))
+    while split < 8 and tiles * split * 2 <= 264 and split * 2 <= k // 64:  # about two CTAs per SM
+        split *= 2
+    return gc.WsConfig(nt, split)
+
+
+def run(libs: dict, rounds: int, out: str):
+    from kernels import Mat, bench, rel
+
+    from w12.kernels import gemm_cuda as gc
+    cdlls = {d: ctypes.CDLL(str(p)) for d, p in libs.items()}
+    news = [d for d in cdlls if str(d).startswith("new")]
+    checks = []
+    for n, k, m, cfg in [(n, k, m, eval("gc." + c)) for n, k, m, c in BITS]:  # odd record counts per split and partial tiles: the new builds' bits, not timed
+        mt = Mat(n, k, 17 + m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        for view in (False, True):
+            gc.library = lambda lib=cdlls[0]: lib
+            y0 = mt.run(x, view=view, cuda=cfg)
+            err = float("nan") if view else rel(y0, x.float() @ mt.w.float().t())  # the view: bits only
+            for name in news:
+                gc.library = lambda lib=cdlls[name]: lib
+                same = torch.equal(mt.run(x, view=view, cuda=cfg).view(torch.int16), y0.view(torch.int16))
+                checks.append(f"- {n}×{k} M={m} {cfg}{' view' if view else ''}: full rel. error {err:.1e}; {name} "
+                              f"same bits {same}")
+                print(checks[-1], flush=True)
+    lines, mats = [], {}
+    for n, k, m in CASES:
+        if (n, k) not in mats:
+            mats.clear()
+            torch.cuda.empty_cache()
+            mats[(n, k)] = Mat(n, k, 700 + n % 97)
+        mt = mats[(n, k)]
+        cfg = config_for(gc, n, k, m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
+        gc.library = lambda lib=cdlls[0]: lib
+        y0 = mt.run(x, cuda=cfg)
+        err = rel(y0, x.float() @ mt.w.float().t())
+        assert err < 1e-2, f"full build wrong: {n}x{k} M={m} rel {err:.2e}"
+        same = []
+        for name in [d for d in cdlls if str(d).startswith("new")]:
+            gc.library = lambda lib=cdlls[name]: lib
+            same.append(f"{name} {torch.equal(mt.run(x, cuda=cfg).view(torch.int16), y0.view(torch.int16))}")
+        same = ", ".join(same) or "-"
+        times = {d: [] for d in cdlls}
+        order = list(cdlls)
+        for r in range(rounds):
+            for d in order[r % len(order):] + order[:r % len(order)]:
+                gc.library = lambda lib=cdlls[d]: lib
+                times[d].append(bench(lambda: mt.run(x, cuda=cfg)))
+        t = {d: statistics.median(v) for d, v in times.items()}
+        recs = (n + 127) // 128 * (k // 64)
+        ns_rec = {d: t[d] * 1e3 / (recs / 132) for d in t}  # ns per record per SM (132 SMs, all busy)
+        add = t[1] + t[2] - t[3] if {1, 2, 3} <= set(t) else float("nan")
+        row = (f"| {n}×{k} | {m} | {cfg} | {t_cb:.1f} | {err:.1e} | {same} | "
+               + " | ".join(f"{t[d]:.1f} ({ns_rec[d]:.0f})" for d in cdlls) + f" | {add:.1f} |")
+        print(row, flush=True)
+        lines.append(row)
+    text = "\n".join([
+        f"# ws kernel: time with parts of the main loop removed — {datetime.date.today()}", "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        "- command: `python bench/ws_diag.py --build DIR` here, then `W12_CUDA=1 python bench/ws_diag.py --libs DIR`",
+        f"- µs: CUDA graph replay, do_bench, L2 flushed, median of {rounds} interleaved rounds; in brackets ns per "
+        "record per SM (records / 132); 'additive' = no decode + no mma − neither; variants: "
+        + ", ".join(f"{d} {v}" for d, v in VARIANTS.items() if d in cdlls) + ", new = the worktree's kernel", "",
+        "| N×K | M | config | cuBLAS µs | full: rel. error | new* = full bits | "
+        + " | ".join(VARIANTS.get(d, d) for d in cdlls) + " | additive |", "|---" * (7 + len(cdlls)) + "|",
+        *lines, "", "Bits of the new builds on odd record counts and partial tiles:", *checks]) + "\n"
+    Path(out, "ws_diag.md").write_text(text)
+    print(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", type=Path, help="write one library per variant here (needs nvcc, no GPU)")
+    ap.add_argument("--libs", type=Path, help="time the libraries of this folder (needs the GPU)")
+    ap.add_argument("--new", action="append", help="NAME=REV (git revision or `worktree`; NAME starts with `new`): a "
+                    "build to check against the full build's bits and time beside it; repeatable (default new=worktree)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if a.build:
+        from ab_kernel import build_libs, source_at
+        sources = {f"diag{d}": variant_source(d) for d in VARIANTS}
+        for spec in a.new or ["new=worktree"]:
+            name, rev = spec.split("=", 1)
+            sources[name] = source_at(rev)
+        for name, lib in build_libs(sources, a.build).items():
+            print(name, lib)
+    elif a.libs:
+        libs = {d: a.libs / f"w12_gemv_diag{d}.so" for d in VARIANTS if (a.libs / f"w12_gemv_diag{d}.so").exists()}
+        for lib in sorted(a.libs.glob("w12_gemv_new*.so")):
+            libs[lib.stem.removeprefix("w12_gemv_")] = lib
+        run(libs, a.rounds, a.out)
+    else:
+        ap.error("give --build or --libs")
+
+
+if __name__ == "__main__":
+    main()
