@@ -323,6 +323,18 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
   if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
     return;
   __syncthreads();
+  if (MMAJOR && n0 + CH <= N && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0) {
+    // eight channels per thread: two 16-byte shared loads, one 16-byte store (the same roundings as below)
+    for (int idx = threadIdx.x; idx < CH / 8 * mcount; idx += THREADS) {
+      const int r = 8 * (idx % (CH / 8)), m = idx / (CH / 8);
+      const float4 a = *reinterpret_cast<const float4*>(cta_red + m * CH + r);
+      const float4 b = *reinterpret_cast<const float4*>(cta_red + m * CH + r + 4);
+      const __nv_bfloat162 h[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                                   __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+      *reinterpret_cast<uint4*>(y + (size_t)(m0 + m) * ldy + n0 + r) = *reinterpret_cast<const uint4*>(h);
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < CH * mcount; idx += THREADS) {
     const int r = idx % CH, m = idx / CH, n = n0 + r;
     if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[MMAJOR ? m * CH + r : r * MT + m]);
@@ -1155,7 +1167,10 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // 2026-12-02-kernels-ncu-ws-h200-s15.md: at M = 128 neither L2 nor DRAM is the limit but the per-record chain.
 // The SS form — decoder warps storing the A tiles to shared memory with stmatrix, two MMA warpgroups running wgmma
 // from shared memory one commit group ahead: the same bits, 0.72–1.03× this kernel's speed, geomean 0.84; b509962,
-// 2026-12-02-ws-ss-FAILED-h200-s17.md.)
+// 2026-12-02-ws-ss-FAILED-h200-s17.md.  A tenth warp staging all 8 warps' escape lists while the consumers start
+// (the prologue, 2.3–3.8 µs per CTA by bench/ws_trace.py): 1–7 % slower, 2026-12-03-ws-epilogue-h200-s18.md.
+// Programmatic dependent launch of this kernel after w12_x_ws_kernel (weights of the first slots before the wait):
+// within 0.5 %, 2026-12-03-ws-pair-pdl-h200-s18.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -1276,30 +1291,28 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
-// A warp's sums (the wgmma D layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1) -> red[m·128 + channel].
+// A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
+// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).
 template <int NT>
-__device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], int g, int t) {
+__device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
+                                             const float* my_corr, int g, int t) {
+  const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    red[(8 * j + 2 * t) * 128 + g] = acc[j][0];
-    red[(8 * j + 2 * t + 1) * 128 + g] = acc[j][1];
-    red[(8 * j + 2 * t) * 128 + g + 8] = acc[j][2];
-    red[(8 * j + 2 * t + 1) * 128 + g + 8] = acc[j][3];
+    const int m = 8 * j + 2 * t;
+    red[m * 128 + g] = acc[j][0] * s0 + my_corr[m * 16 + g];
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
+    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
   }
 }
 
-// The warp's 16 channels of red: y = sum · 2^(E_n − 127) + corr, then the entries past WS_ECAP from global memory in
-// list order.
-template <int MT, bool VIEW>
-__device__ __forceinline__ void ws_scale(float* red, const uint8_t* s_ew, const float* my_corr, int e_lo, int e_hi,
-                                         const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0, int mcount,
-                                         int lane) {
-  for (int idx = lane; idx < 16 * MT; idx += 32) {
-    const int r = idx & 15, m = idx >> 4;
-    red[m * 128 + r] = red[m * 128 + r] * __int_as_float((int)s_ew[r] << 23) + my_corr[idx];
-  }
-  __syncwarp();
-  if (!VIEW && e_hi - e_lo > WS_ECAP) {  // rare: entries past the prefetch, from global memory, in order
+// The warp's escapes past WS_ECAP (rare: not staged by the prologue), from global memory in list order, onto red.
+template <bool VIEW>
+__device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi,
+                                                const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0,
+                                                int mcount, int lane) {
+  if constexpr (!VIEW) {
     for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
       const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
       const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
@@ -1409,9 +1422,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    ws_store_acc<NT>(red, acc, g, t);
+    ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
-    ws_scale<MT, VIEW>(red, s_e + 16 * warp, my_corr, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
+    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);

@@ -1,0 +1,163 @@
+"""Where one ws-kernel call's time goes (X reorder kernel, CTA start, prologue, first record, main loop, epilogue),
+read from %globaltimer stamps patched into a copy of kernels/w12_gemv.cu. One GPU call.
+
+    python bench/ws_trace.py --build DIR                        # here (nvcc): the stamped library
+    W12_CUDA=1 python bench/ws_trace.py --libs DIR [--out OUT]   # on the GPU
+
+The stamped build keeps the kernel's code and adds, per CTA (thread 0 or consumer warp 0, lane 0), the globaltimer
+at: entry, after the barrier setup, after the escape prologue, when slot 0 first fills (an extra wait on its
+phase 0, which the ring completes anyway), at the main loop's end, after the post-loop __syncthreads, and at exit;
+plus the first entry and the last exit of w12_x_ws_kernel (the X reorder launched before it). Per case: the
+stamped output is checked against the landed build's bits, then RUNS replays of the captured call (both kernels,
+one CUDA graph), each after do_bench's L2 flush (256 MB zeroed) give the phases in µs from the reorder kernel's
+first entry; medians over the runs. Beside them: do_bench µs of the landed build and of cuBLAS.
+"""
+
+import argparse
+import ctypes
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [(6144, 4096, 32, (4, 5)), (4096, 4096, 32, (4, 4)), (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)),
+         (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1))]
+MAX_CTAS = 8192
+
+STAMP = "asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(w12_t));"
+PATCHES = [  # (anchor in the landed source, text put after it); each anchor must occur once
+    ("#include <cuda_bf16.h>\n",
+     f"__device__ unsigned long long g_ws_trace[8 + 8 * {MAX_CTAS}];\n"
+     f"#define W12_STAMP(slot) do {{ unsigned long long w12_t; {STAMP} g_ws_trace[slot] = w12_t; }} while (0)\n"
+     "#define W12_CTA (8 + 8 * (int)((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x))\n"),
+    ("                                int Mpad, int K) {\n",
+     f"  if (threadIdx.x == 0) {{ unsigned long long w12_t; {STAMP} atomicMax(&g_ws_trace[0], ~w12_t); }}\n"),
+    ("    xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;\n  }\n",
+     f"  __syncthreads();\n  if (threadIdx.x == 0) {{ unsigned long long w12_t; {STAMP} atomicMax(&g_ws_trace[1], w12_t); }}\n"),
+    ("  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]\n"
+     "  __shared__ __align__(16) uint8_t s_e[128];\n  __shared__ int s_last;\n",
+     "  if (threadIdx.x == 0) W12_STAMP(W12_CTA + 0);\n"),
+    ("  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);\n"
+     "  __syncthreads();\n", "  if (tid == 0) W12_STAMP(W12_CTA + 1);\n"),
+    ("                                          e_hi);\n    __syncwarp();\n",
+     "    if (warp == 0 && lane == 0) {\n      W12_STAMP(W12_CTA + 2);\n      mbar_wait(full, 0);\n"
+     "      W12_STAMP(W12_CTA + 3);\n    }\n    __syncwarp();\n"),
+    ("    fence_acc(acc);  // the accumulators are read only after the last wait\n",
+     "    if (warp == 0 && lane == 0) W12_STAMP(W12_CTA + 4);\n"),
+    ("  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
+     "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"),
+    ("                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);\n",
+     "  if (tid == 0) {\n    W12_STAMP(W12_CTA + 6);\n    unsigned smid;\n"
+     "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n    g_ws_trace[W12_CTA + 7] = smid;\n  }\n"),
+]
+HOST = f"""
+extern "C" int w12_ws_trace_clear() {{
+  void* p;
+  cudaError_t e = cudaGetSymbolAddress(&p, g_ws_trace);
+  return e != cudaSuccess ? (int)e : (int)cudaMemset(p, 0, sizeof(g_ws_trace));
+}}
+extern "C" int w12_ws_trace_read(void* dst, int ctas) {{
+  return (int)cudaMemcpyFromSymbol(dst, g_ws_trace, (8 + 8 * (size_t)ctas) * 8);
+}}
+"""
+PHASES = ["reorder end", "first CTA in", "last CTA in", "setup", "escape prologue", "slot 0 filled", "main loop",
+          "main loop (max)", "drain", "epilogue", "epilogue (max)", "last CTA out"]
+
+
+def stamped_source() -> str:
+    src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
+                         text=True).stdout
+    for anchor, add in PATCHES:
+        assert src.count(anchor) == 1, f"bench/ws_trace.py: anchor not found once in w12_gemv.cu: {anchor[:60]!r}"
+        src = src.replace(anchor, anchor + add)
+    return src + HOST
+
+
+def phases(buf: list, ctas: int) -> list:
+    """One replay's figures (µs) from the trace words (see PHASES)."""
+    t0 = ~buf[0] & (2 ** 64 - 1)
+    rows = [buf[8 + 8 * c: 16 + 8 * c] for c in range(ctas)]
+    med = lambda i, j: statistics.median(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
+    mx = lambda i, j: max(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
+    return [(buf[1] - t0) / 1e3, (min(r[0] for r in rows) - t0) / 1e3, (max(r[0] for r in rows) - t0) / 1e3,
+            med(0, 1), med(1, 2), med(2, 3), med(3, 4), mx(3, 4), med(4, 5), med(5, 6), mx(5, 6),
+            (max(r[6] for r in rows) - t0) / 1e3]
+
+
+def run(lib_dir: Path, runs: int, out: str):
+    from kernels import Mat, bench
+
+    from w12.kernels import gemm_cuda as gc
+    landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    lines = []
+    for n, k, m, (nt, split) in CASES:
+        cfg, mt = gc.WsConfig(nt, split), Mat(n, k, 900 + m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ctas = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split
+        assert ctas <= MAX_CTAS
+        gc.library = lambda: landed
+        y0 = mt.run(x, cuda=cfg)
+        t_landed = bench(lambda: mt.run(x, cuda=cfg))
+        t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
+        gc.library = lambda: stamped
+        assert torch.equal(mt.run(x, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
+        t_stamped = bench(lambda: mt.run(x, cuda=cfg))
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            mt.run(x, cuda=cfg)
+        buf = (ctypes.c_uint64 * (8 + 8 * ctas))()
+        per = []
+        for _ in range(runs):
+            flush.zero_()
+            assert stamped.w12_ws_trace_clear() == 0
+            torch.cuda.synchronize()
+            gr.replay()
+            torch.cuda.synchronize()
+            assert stamped.w12_ws_trace_read(buf, ctas) == 0
+            per.append(phases(list(buf), ctas))
+        figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
+        row = (f"| {n}×{k} | {m} | {cfg} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
+               + " | ".join(f"{v:.1f}" for v in figs) + " |")
+        print(row, flush=True)
+        lines.append(row)
+        del mt, gr
+        torch.cuda.empty_cache()
+    text = "\n".join([
+        f"# ws kernel: one call's phases from globaltimer stamps — {datetime.date.today()}", "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        "- command: `python bench/ws_trace.py --build DIR` here, then `W12_CUDA=1 python bench/ws_trace.py --libs DIR`",
+        f"- do_bench µs (graph replay, L2 flushed, median) of cuBLAS, the landed build and the stamped build (same bits); "
+        f"phases: µs, medians over {runs} flushed replays of the captured call (X reorder + ws kernel); 'reorder end', "
+        "'CTA in' and 'last CTA out' from the reorder kernel's first entry, the others per CTA (median, or max)", "",
+        "| N×K | M | config | CTAs | cuBLAS | landed | stamped | " + " | ".join(PHASES) + " |",
+        "|---" * (7 + len(PHASES)) + "|", *lines]) + "\n"
+    Path(out, "ws_trace.md").write_text(text)
+    print(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", type=Path, help="write the landed and the stamped library here (needs nvcc, no GPU)")
+    ap.add_argument("--libs", type=Path, help="run with the libraries of this folder (needs the GPU)")
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if a.build:
+        from ab_kernel import build_libs, source_at
+        for name, lib in build_libs({"landed": source_at("HEAD"), "trace": stamped_source()}, a.build).items():
+            print(name, lib)
+    elif a.libs:
+        run(a.libs, a.runs, a.out)
+    else:
+        ap.error("give --build DIR or --libs DIR")
+
+
+if __name__ == "__main__":
+    main()
