@@ -1291,6 +1291,35 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
+// A consumer warp's escape prologue (escape_prologue's, with the second round trip left in flight): the per-record
+// offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
+// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
+static_assert(WS_ECAP == 64, "two staged entries per lane");
+template <int MT, bool VIEW>
+__device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr, const int32_t* toff, const int32_t* tent,
+                                                   int c, int KB, int a, int nrec, int lane, int& e_lo, int& e_hi,
+                                                   uint2 (&ent)[2]) {
+  ent[0] = ent[1] = make_uint2(0u, 0u);
+  if constexpr (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    const int cnt = min(WS_ECAP, e_hi - e_lo);
+    if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
+    if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
+  }
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  __syncwarp();
+}
+
+// The staged entries into shared memory (n = e_hi − e_lo), before the first record's escapes.
+__device__ __forceinline__ void ws_stage_entries(uint2* my_ent, const uint2 (&ent)[2], int n, int lane) {
+  if (lane < n) my_ent[lane] = ent[0];
+  if (lane + 32 < n && lane + 32 < WS_ECAP) my_ent[lane + 32] = ent[1];
+  __syncwarp();
+}
+
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
 // layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).
 template <int NT>
@@ -1370,9 +1399,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const uint32_t nkeep = nib_keep(t);
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
-    escape_prologue<MT, VIEW, WS_ECAP>(my_toff, my_ent, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo,
-                                          e_hi);
-    __syncwarp();
+    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
+    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
@@ -1391,6 +1419,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
       if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
@@ -1411,7 +1440,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
-      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
