@@ -81,7 +81,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
             cells = []
             for view in (False, True):
-                cfg = gc.pick_config(m, n, k, view)
+                cfg = gc.dispatched_config(m, n, k, view)
                 ref = None
                 for name in names:
                     gc.library = lambda lib=cdlls[name]: lib
@@ -109,7 +109,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
         f"- command: {command}",
         f"- every library gave {names[0]}'s bits on every shape and M (W12 and view); µs: CUDA graph replay, do_bench, "
-        f"L2 flushed, median of {rounds} interleaved rounds; configs as dispatched (gemm_cuda.pick_config)", "",
+        f"L2 flushed, median of {rounds} interleaved rounds; configs as dispatched (gemm_cuda.dispatched_config)", "",
         "| geomean vs cuBLAS | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
         *(f"| M = {m} {'view' if view else 'W12'} | " + " | ".join(f"{geo[(v, (m, view))]:.3f}" for v in names) + " |"
           for m, view in keys), "",

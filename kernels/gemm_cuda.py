@@ -363,6 +363,16 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     return CudaConfig(nt, warps, 1, split)
 
 
+def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | TcConfig | XsConfig | WsConfig:
+    """The kernel and config that `launch` runs for Y[m, n] = X·Wᵀ when it is given none (kernel_for's choice)."""
+    kind = kernel_for(m, n, k)
+    if kind == "ws":
+        return WS_TABLE[(n, k, xs_bucket(m))]
+    if kind == "xs":
+        return XS_TABLE[(n, k, xs_bucket(m))]
+    return pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k)
+
+
 def _even(v: int) -> int:
     return v + (v & 1)
 
@@ -423,11 +433,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         toff = tent = _p(exponents)  # unused by the view kernel
     else:
         toff, tent = _tile_escape_ptrs(esc_cols, escapes.shape[0], nb, kb)
-    cfg = config
-    if cfg is None:
-        kind = kernel_for(m, n, k)
-        cfg = (pick_config(m, n, k, view) if kind == "skinny" else XS_TABLE[(n, k, xs_bucket(m))] if kind == "xs"
-               else WS_TABLE[(n, k, xs_bucket(m))] if kind == "ws" else pick_tc_config(m, n, k))
+    cfg = config or dispatched_config(m, n, k, view)
     if trace is not None and not isinstance(cfg, CudaConfig):
         raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)

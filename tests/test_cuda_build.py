@@ -113,6 +113,10 @@ def test_ws_table_dispatch(tmp_path, monkeypatch):
     assert gc.WS_TABLE[(4096, 14336, 32)] == gc.WsConfig(4, 4)
     assert gc.kernel_for(32, 4096, 14336) == gc.kernel_for(17, 4096, 14336) == "ws"
     assert gc.kernel_for(16, 4096, 14336) == "skinny" and gc.kernel_for(1, 4096, 14336) == "skinny"
+    # what launch runs without a config (and bench/ab_kernel.py times): the table's entry for the kernel chosen
+    assert gc.dispatched_config(20, 4096, 14336) == gc.WsConfig(4, 4)
+    assert gc.dispatched_config(1, 4096, 14336, view=True) == gc.pick_config(1, 4096, 14336, view=True)
+    assert gc.dispatched_config(100, 6144, 4096) == gc.WS_TABLE[(6144, 4096, 128)]
 
 
 def test_not_usable_on_cpu():
