@@ -164,8 +164,8 @@ def xs_bucket(m: int) -> int | None:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (36 of the 50
-    (shape, M bucket) pairs of 9–128, 2026-12-02-ws-configs-h200-s15.md), then "xs" where XS_TABLE does (31,
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (38 of the 50
+    (shape, M bucket) pairs of 9–128, 2026-12-03-ws-configs-h200-s18.md), then "xs" where XS_TABLE does (31,
     2026-12-02-xs-configs-h200-s12.md), else
     "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
     (do_bench, the skinny configs of TABLE and the splits of TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
