@@ -25,6 +25,8 @@ class CudaConfig:
     warps: int  # 4 or 8 warps per CTA (each takes every `warps`-th record of the CTA's 16 channels)
     unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight; 4 never won the sweep)
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
+    l2: int = 0  # % of the weight lines loaded with L2 priority evict_normal, the rest evict_first (w12_gemv.cu
+    #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -63,6 +65,7 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
+    l2: int = 0  # the records' L2 priority, as CudaConfig.l2
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -232,6 +235,9 @@ def _nt_for(m: int) -> int:
 # s13-sweep.md) was not adopted: no better by do_bench, and the Transformers decode was measured with these.
 # Re-swept after the 4-op decode (e88f001; `--sweep-ms 1,16`, 2026-12-02-kernels-cuda-h200-s17-sweep.md): adopted for
 # the view at M ≤ 8 (5120×8192 and 5120×25600 9–12 % faster by do_bench) and for M 9–16; W12 at M ≤ 8 kept.
+# Session 19: W12 at M ≤ 8 re-swept under do_bench's own (dirty-L2) flush with the weight loads' L2 priority as a
+# field (bench/m1_configs.py, 2026-12-03-m1-configs-h200-s19.md): l2 = 100 on the two LM heads and 51200×5120
+# (1.5–3.8 % faster), every other shape kept its config.
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
@@ -265,7 +271,7 @@ TABLE: dict = {
     (4096, 14336, 32, True): CudaConfig(4, 8, 1, 1),
     (4096, 14336, 64, False): CudaConfig(4, 4, 1, 1),
     (4096, 14336, 64, True): CudaConfig(4, 8, 1, 1),
-    (128256, 4096, 8, False): CudaConfig(1, 4, 1, 1),
+    (128256, 4096, 8, False): CudaConfig(1, 4, 1, 1, 100),
     (128256, 4096, 8, True): CudaConfig(1, 4, 1, 1),
     (128256, 4096, 16, False): CudaConfig(2, 4, 1, 1),
     (128256, 4096, 16, True): CudaConfig(2, 4, 1, 1),
@@ -289,7 +295,7 @@ TABLE: dict = {
     (5120, 8192, 32, True): CudaConfig(2, 4, 1, 1),
     (5120, 8192, 64, False): CudaConfig(4, 4, 1, 1),
     (5120, 8192, 64, True): CudaConfig(4, 4, 1, 1),
-    (51200, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (51200, 5120, 8, False): CudaConfig(1, 4, 1, 1, 100),
     (51200, 5120, 8, True): CudaConfig(1, 4, 1, 1),
     (51200, 5120, 16, False): CudaConfig(2, 4, 1, 1),
     (51200, 5120, 16, True): CudaConfig(2, 4, 1, 1),
@@ -305,7 +311,7 @@ TABLE: dict = {
     (5120, 25600, 32, True): CudaConfig(2, 4, 1, 1),
     (5120, 25600, 64, False): CudaConfig(4, 4, 1, 4),
     (5120, 25600, 64, True): CudaConfig(4, 4, 1, 1),
-    (151936, 5120, 8, False): CudaConfig(1, 4, 1, 1),
+    (151936, 5120, 8, False): CudaConfig(1, 4, 2, 1, 100),
     (151936, 5120, 8, True): CudaConfig(1, 4, 1, 1),
     (151936, 5120, 16, False): CudaConfig(2, 4, 1, 1),
     (151936, 5120, 16, True): CudaConfig(2, 4, 1, 1),
@@ -451,7 +457,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, cfg.l2)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)
@@ -466,7 +472,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream)
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2)
         else:
             if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "

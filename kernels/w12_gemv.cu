@@ -53,6 +53,27 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   return r;
 }
 
+// The same load with an L2 cache-hint policy (weight_policy).
+__device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
+  return r;
+}
+
+// The skinny kernel's L2 priority for its weight lines: `pct` % of them evict_normal, the rest evict_first
+// (pct = 0: all evict_first, which streams as the plain load does).  Measured after do_bench's L2 flush, which
+// leaves the L2 full of dirty lines (bench/dirty_l2.py, 2026-12-03-dirty-l2-h200-s19.md): evict_first lines
+// keep being recycled around the dirty ones (the LM heads stream ~10 % slower than after a clean flush), while
+// evict_normal lines push the dirty ones out once, for a fixed ~8 µs (what cuBLAS pays); so large matrices
+// want evict_normal, short ones evict_first (CudaConfig.l2).
+__device__ __forceinline__ uint64_t weight_policy(int pct) {
+  uint64_t first, normal;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+  asm("createpolicy.fractional.L2::evict_normal.L2::evict_first.b64 %0, %1;" : "=l"(normal) : "f"(0.01f * max(pct, 1)));
+  return pct > 0 ? normal : first;
+}
+
 // cp.async: global -> shared without holding registers (completed by cp_async_wait_all)
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
@@ -166,17 +187,18 @@ struct Group {
   }
 
   __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
-                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT],
+                                       uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       int kb = kb0 + u * warps;
       if (kb < KB) {
         const uint8_t* r = base + (size_t)kb * REC;
-        va[u] = ld_stream(r + v0);
-        vb[u] = ld_stream(r + v1);
+        va[u] = ld_stream(r + v0, pol);
+        vb[u] = ld_stream(r + v1, pol);
         if (!VIEW) {
-          na[u] = ld_stream(r + n0);
-          nb[u] = ld_stream(r + n1);
+          na[u] = ld_stream(r + n0, pol);
+          nb[u] = ld_stream(r + n1, pol);
         }
         if (XPF) {
 #pragma unroll
@@ -392,7 +414,8 @@ template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7 : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
+    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
+    int l2_pct) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -453,9 +476,10 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const uint64_t pol = weight_policy(l2_pct);
   Group<NT, VIEW, U> ga, gb;
-  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok);
-  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
@@ -463,9 +487,9 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
     gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -1194,6 +1218,12 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
 }
+// The same copy with the L2 cache-hint policy weight_policy(pct) where pct > 0.
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar, int pct) {
+  if (pct <= 0) return bulk_g2s(dst, src, bytes, bar);
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)), "l"(weight_policy(pct)) : "memory");
+}
 
 // X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
 // in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
@@ -1227,11 +1257,12 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 
 // ---- the ws kernel's pieces
 
-// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed;
+// the records with weight_policy(l2_pct).
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane) {
+                                           int lane, int l2_pct) {
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
@@ -1243,7 +1274,7 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, XB + WBYTES);
       bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, l2_pct);
     }
     __syncwarp();
   }
@@ -1359,7 +1390,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
-    int* __restrict__ tickets) {
+    int* __restrict__ tickets, int l2_pct) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
@@ -1392,7 +1423,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, l2_pct);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1465,7 +1496,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      void* xq, cudaStream_t st) {
+                      void* xq, int l2_pct, cudaStream_t st) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
@@ -1483,7 +1514,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, l2_pct);
   return cudaGetLastError();
 }
 
@@ -1493,6 +1524,7 @@ struct Args {
   int M, ldx, ldy, N, NB, KB, split;
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
+  int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
 };
 
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
@@ -1511,7 +1543,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets);
+                            (int*)a.tickets, a.l2_pct);
 }
 
 template <int NT, bool VIEW>
@@ -1539,13 +1571,15 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // ws: fp32 [NB·8 · ceil(M / 8nt) · split · 16 · 8nt] and tickets: int32 zeros [NB·8 · ceil(M / 8nt)], which
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
-// finishes; it reads X only once that kernel is complete).
+// finishes; it reads X only once that kernel is complete).  l2_pct: % of the weight lines loaded with L2 priority
+// evict_normal, the rest evict_first (weight_policy; 0–100).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl};
+  if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
@@ -1572,7 +1606,7 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
     if (e != cudaSuccess) return (int)e;
     current = trace;
   }
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0, 0};
 #define W12_TR(V, W, UU) \
   if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);
   W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
@@ -1630,15 +1664,17 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
-// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
+// (w12_x_ws_kernel, launched first on the stream).  l2_pct: the records' L2 priority, as for w12_gemv.  Same tensors
+// and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xq, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream, int l2_pct) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
+  if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
-    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, l2_pct, st);
 #define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
