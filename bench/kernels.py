@@ -500,7 +500,7 @@ def main():
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
             elif kind == "ws":
                 cc = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
-                c = f"cuda-ws {cc.nt}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
+                c = f"cuda-ws {cc.nt}/{cc.split}"
             elif kind == "xs":
                 cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
                 c = f"cuda-xs {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}{'/mfirst' if cc.mfirst else ''}"

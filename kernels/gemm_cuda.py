@@ -65,7 +65,6 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    l2: int = 0  # the records' L2 priority, as CudaConfig.l2
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -457,7 +456,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, cfg.l2)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

@@ -1218,12 +1218,6 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
 }
-// The same copy with the L2 cache-hint policy weight_policy(pct) where pct > 0.
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar, int pct) {
-  if (pct <= 0) return bulk_g2s(dst, src, bytes, bar);
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)), "l"(weight_policy(pct)) : "memory");
-}
 
 // X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
 // in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
@@ -1257,12 +1251,11 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 
 // ---- the ws kernel's pieces
 
-// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed;
-// the records with weight_policy(l2_pct).
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane, int l2_pct) {
+                                           int lane) {
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
@@ -1274,7 +1267,7 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, XB + WBYTES);
       bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, l2_pct);
+      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
   }
@@ -1390,7 +1383,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
-    int* __restrict__ tickets, int l2_pct) {
+    int* __restrict__ tickets) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
@@ -1423,7 +1416,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, l2_pct);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1496,7 +1489,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      void* xq, int l2_pct, cudaStream_t st) {
+                      void* xq, cudaStream_t st) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
@@ -1514,7 +1507,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, l2_pct);
+      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
 }
 
@@ -1664,17 +1657,15 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
-// (w12_x_ws_kernel, launched first on the stream).  l2_pct: the records' L2 priority, as for w12_gemv.  Same tensors
-// and preconditions as w12_gemv.
+// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xq, void* stream, int l2_pct) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-  if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
-    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, l2_pct, st);
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
 #define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
