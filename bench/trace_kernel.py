@@ -8,7 +8,8 @@ Per shape (W12 and the 8-bit view, the dispatched M = 1 config): the traced outp
 untraced kernel's (the same bits), then RUNS launches, each after the same L2 flush as do_bench's (256 MB zeroed)
 and a synchronise, give per launch: the span from the first CTA's entry to the last CTA's exit (globaltimer), when
 the CTAs enter (median and last entry after the first), the main loop's and the epilogue's cycles per CTA (median
-and max, clock64 at the SM clock), and the CTAs per SM. Beside them, do_bench µs of the untraced kernel, the
+and max, clock64 at the SM clock), when they exit (median and 90th percentile after the first entry: against the span,
+the grid's tail), and the CTAs per SM. Beside them, do_bench µs of the untraced kernel, the
 traced kernel and cuBLAS (the trace build holds a few more registers; their gap is the trace's own cost).
 The medians over the runs are printed as a table and written to OUT/trace_kernel.md.
 """
@@ -41,7 +42,7 @@ def one_launch(mt, x, view, cfg, trace, flush):
     t = trace.cpu()  # int64: differences first (a double holds ~1e18 ns only to ~256 ns)
     g0, c0, g1, c1, g2, c2, sm = (t[:, i] for i in range(7))
     start = g0.min()
-    entry = (g0 - start).double()
+    entry, exit_ = (g0 - start).double(), (g2 - start).double()
     ran, cycles = (g2 - g0).double(), (c2 - c0).double()
     long = ran > 2000  # CTAs that ran > 2 µs: the globaltimer's step is small against them
     clock_ghz = (cycles[long] / ran[long]).median().item() if long.any() else 1.98
@@ -51,6 +52,7 @@ def one_launch(mt, x, view, cfg, trace, flush):
     return dict(span=(g2.max() - start).item() / 1e3, entry_med=entry.median().item() / 1e3,
                 entry_last=entry.max().item() / 1e3, loop_med=loop.median().item(), loop_max=loop.max().item(),
                 epi_med=epi.median().item(), epi_max=epi.max().item(), ctas_per_sm=per_sm[per_sm > 0].max().item(),
+                exit_med=exit_.median().item() / 1e3, exit_p90=exit_.quantile(0.9).item() / 1e3,
                 clock_ghz=clock_ghz,
                 tick=(g0.unique().diff().min().item() if g0.unique().numel() > 1 else float("nan")))  # ns
 
@@ -68,7 +70,7 @@ def main():
         mt = Mat(n, k, 200 + si)
         x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
         for view in (False, True):
-            cfg = gc.pick_config(1, n, k, view)
+            cfg = gc.dispatched_config(1, n, k, view)
             ctas = (n + 127) // 128 * 8 * cfg.split
             trace = torch.zeros(ctas, 8, dtype=torch.int64, device="cuda")
             y = gc.launch(x, mt.records, mt.exps, n, mt.escapes, mt.offs, mt.cols, view=view, config=cfg)
@@ -82,7 +84,7 @@ def main():
             row = (f"| {n}×{k} | {'view' if view else 'W12'} | {cfg.warps}/{cfg.unroll}/{cfg.split} | {ctas} | "
                    f"{med['ctas_per_sm']:.0f} | {t_plain:.1f} | {t_traced:.1f} | {t_cublas:.1f} | {med['span']:.2f} | "
                    f"{med['entry_med']:.2f} / {med['entry_last']:.2f} | {med['loop_med']:.2f} / {med['loop_max']:.2f} | "
-                   f"{med['epi_med']:.2f} / {med['epi_max']:.2f} | {same} |")
+                   f"{med['epi_med']:.2f} / {med['epi_max']:.2f} | {med['exit_med']:.2f} / {med['exit_p90']:.2f} | {same} |")
             print(row, f"(globaltimer step {med['tick']:.0f} ns, SM clock {med['clock_ghz']:.2f} GHz)", flush=True)
             lines.append(row)
         torch.cuda.empty_cache()
@@ -95,8 +97,8 @@ def main():
         "graph replay, L2 flushed, median", "",
         "| N×K | kernel | warps/unroll/split | CTAs | CTAs per SM | do_bench µs | traced build µs | cuBLAS µs | "
         "span µs (first entry → last exit) | entry after the first: median / last | main loop: median / max | "
-        "epilogue: median / max | same bits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]) + "\n"
+        "epilogue: median / max | exit after the first entry: median / 90th percentile (the last: span) | same bits |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *lines]) + "\n"
     with open(os.path.join(args.out, "trace_kernel.md"), "w") as fh:
         fh.write(text)
     print(text)

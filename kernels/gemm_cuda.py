@@ -478,7 +478,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
                                  f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
             err = library().w12_gemv_trace(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream)
+                int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream, cfg.l2)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

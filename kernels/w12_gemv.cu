@@ -1588,9 +1588,10 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
 // ceil(M / 8) · split), which gets each CTA's (globaltimer, clock64) at entry, loop end and exit, and its SM.
 extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                               const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int warps,
-                              int unroll, int split, void* ws, void* tickets, void* trace, void* stream) {
+                              int unroll, int split, void* ws, void* tickets, void* trace, void* stream, int l2_pct) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;
+  if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
   // g_trace is set only when the buffer changes: a copy from this stack frame captured into a CUDA graph would read
   // a dead host address on replay, so a graph replays the launches of a buffer set before the capture.
   static void* current = nullptr;
@@ -1599,7 +1600,7 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
     if (e != cudaSuccess) return (int)e;
     current = trace;
   }
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0, 0};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0, l2_pct};
 #define W12_TR(V, W, UU) \
   if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);
   W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
