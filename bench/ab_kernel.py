@@ -121,6 +121,19 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
     print(text)
 
 
+def build_or_run(doc: str, build, run):
+    """The command line of a variant script: `--build DIR` calls build(DIR) (here, nvcc), `--libs DIR [--out OUT]` calls
+    run(DIR, OUT) (on the GPU)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", type=Path, help="write the libraries here (needs nvcc, no GPU)")
+    ap.add_argument("--libs", type=Path, help="time the libraries of this folder (needs the GPU)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if not (a.build or a.libs):
+        ap.error("give --build DIR or --libs DIR")
+    build(a.build) if a.build else run(a.libs, a.out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, help="write the libraries here (needs nvcc, no GPU)")

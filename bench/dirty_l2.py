@@ -13,13 +13,12 @@ build's bits (checked first). The variants patch kernels/w12_gemv.cu as of REV (
 loads' L2 priority is a config field (CudaConfig.l2, swept by bench/m1_configs.py). Prints and writes OUT/dirty_l2.md.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_kernel import build_libs, source_at  # noqa: E402
+from ab_kernel import build_libs, build_or_run, source_at  # noqa: E402
 
 REV = "1576469"  # the source the variants patch: before CudaConfig.l2 made the weight loads' L2 priority a config
 W_BASE = 'asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"'
@@ -115,9 +114,4 @@ def run(libs: Path, out: str):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", type=Path)
-    ap.add_argument("--libs", type=Path)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    a = ap.parse_args()
-    build(a.build) if a.build else run(a.libs, a.out)
+    build_or_run(__doc__, build, run)

@@ -11,13 +11,12 @@ at M = 1 as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, med
 beside cuBLAS (bench/ab_kernel.py's run_libs). Prints and writes OUT/ld_hint.md.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ab_kernel import build_libs, run_libs  # noqa: E402
+from ab_kernel import build_libs, build_or_run, run_libs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = 'asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"'
@@ -55,9 +54,4 @@ def run(libs: Path, out: str):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", type=Path)
-    ap.add_argument("--libs", type=Path)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    a = ap.parse_args()
-    build(a.build) if a.build else run(a.libs, a.out)
+    build_or_run(__doc__, build, run)
