@@ -311,8 +311,7 @@ def main():
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
         for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
-                    gc.CudaConfig(1, 4, 1, 1, 100), gc.CudaConfig(1, 8, 2, 2, 50), gc.CudaConfig(1, 8, 1, 2, 0, 1),
-                    gc.CudaConfig(2, 4, 1, 3, 0, 2),
+                    gc.CudaConfig(1, 4, 1, 1, 100), gc.CudaConfig(1, 8, 2, 2, 50),
                     gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16), gc.TcConfig(16, 2),
                     gc.WsConfig(2), gc.WsConfig(4, 3), gc.WsConfig(8, 2), gc.WsConfig(16), gc.WsConfig(16, 2)):
             mm = 8 * cfg.nt
@@ -440,7 +439,7 @@ def main():
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}, {c.tail}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -498,8 +497,7 @@ def main():
             c = g.pick_config(m, n, k)
             if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
-                c = (f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
-                     + (f" tail {cc.tail}" if cc.tail else ""))
+                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
             elif kind == "ws":
                 cc = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
                 c = f"cuda-ws {cc.nt}/{cc.split}"

@@ -27,8 +27,6 @@ class CudaConfig:
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
     l2: int = 0  # % of the weight lines loaded with L2 priority evict_normal, the rest evict_first (w12_gemv.cu
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
-    tail: int = 0  # split ≥ 2 only: the last split chunk takes the last `tail` records (launched last, it fills the
-    #                slots the long chunks free: a one-wave grid's tail), the other chunks share the rest equally
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -473,15 +471,14 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2,
-                cfg.tail)
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2)
         else:
             if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
                                  f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
             err = library().w12_gemv_trace(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream, cfg.l2, cfg.tail)
+                int(view), cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), _p(trace), stream, cfg.l2)
     if err != 0:
         raise RuntimeError(f"W12 CUDA launch failed: cudaError {err} (config {cfg}, M={m}, N={n}, K={k})")
     return y

@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
-    int l2_pct, int tail) {
+    int l2_pct) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -453,11 +453,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const uint32_t nkeep = nib_keep(t);  // columns 32..63 sit in the high nibbles
   const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
-  // records [a, b) of split z: S equal chunks, or (tail > 0) the last `tail` records alone and S − 1 equal chunks before
-  // them — the short chunks launch last (blockIdx.z is the slowest index) and fill the slots that the long ones free
-  const int z = blockIdx.z, head = tail > 0 ? KB - tail : KB, chunks = tail > 0 ? S - 1 : S;
-  const int kps = (head + chunks - 1) / chunks;
-  const int a = z < chunks ? min(head, z * kps) : head, b = z < chunks ? min(head, a + kps) : KB;
+  const int kps = (KB + S - 1) / S;
+  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
   // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
   pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
@@ -1521,7 +1518,6 @@ struct Args {
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
   int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
-  int tail;        // > 0: the last split chunk holds the last `tail` records (see the kernel's [a, b))
 };
 
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
@@ -1540,7 +1536,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets, a.l2_pct, a.tail);
+                            (int*)a.tickets, a.l2_pct);
 }
 
 template <int NT, bool VIEW>
@@ -1569,15 +1565,14 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  l2_pct: % of the weight lines loaded with L2 priority
-// evict_normal, the rest evict_first (weight_policy; 0–100).  tail: 0, or (split ≥ 2) the records of the last split
-// chunk, the other split − 1 chunks sharing the rest equally (0 < tail < KB).
+// evict_normal, the rest evict_first (weight_policy; 0–100).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int tail) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-  if (l2_pct < 0 || l2_pct > 100 || tail < 0 || tail >= KB || (tail > 0 && split < 2)) return (int)cudaErrorInvalidValue;
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct, tail};
+  if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
   return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
 }
 
@@ -1593,11 +1588,10 @@ extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* 
 // ceil(M / 8) · split), which gets each CTA's (globaltimer, clock64) at entry, loop end and exit, and its SM.
 extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                               const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int warps,
-                              int unroll, int split, void* ws, void* tickets, void* trace, void* stream, int l2_pct,
-                              int tail) {
+                              int unroll, int split, void* ws, void* tickets, void* trace, void* stream, int l2_pct) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;
-  if (l2_pct < 0 || l2_pct > 100 || tail < 0 || tail >= KB || (tail > 0 && split < 2)) return (int)cudaErrorInvalidValue;
+  if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
   // g_trace is set only when the buffer changes: a copy from this stack frame captured into a CUDA graph would read
   // a dead host address on replay, so a graph replays the launches of a buffer set before the capture.
   static void* current = nullptr;
@@ -1606,7 +1600,7 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
     if (e != cudaSuccess) return (int)e;
     current = trace;
   }
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0, l2_pct, tail};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, 0, l2_pct};
 #define W12_TR(V, W, UU) \
   if (!!view == V && warps == W && unroll == UU) return launch_t<1, V, W, UU, true>(a, st);
   W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
