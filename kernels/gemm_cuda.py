@@ -69,7 +69,6 @@ class WsConfig:
 
 
 WS_NTS = (2, 4, 8, 16)
-WS_VARIANTS = tuple((nt, 1) for nt in WS_NTS) + ((4, 2), (8, 2), (16, 2))  # (nt, rows) that w12_gemv.cu compiles
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
 # (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15.md: 36 of the 50; re-run after the 4-op decode, -s17.md: 37).

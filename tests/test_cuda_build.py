@@ -210,8 +210,8 @@ def test_configs_name_compiled_kernels(tmp_path):
         return lib.w12_gemm_xs(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, warps, unroll, 1, p, p, 0, int(wg),
                                p, p)
 
-    def ws(nt, split, view, rows=1):
-        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, rows)
+    def ws(nt, split, view):
+        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p)
 
     shapes = [(n, k) for n, k, _, _ in gc.TABLE] + [(512, 8192), (999 * 128, 4096), (3072, 4096)]
     skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
@@ -221,10 +221,10 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
     assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
     assert all(xs(c.nt, c.warps, c.unroll, c.wg, v) not in (0, 1) for c in gc.XS_TABLE.values() for v in (0, 1))
-    assert all(ws(nt, 1, v, rows) not in (0, 1) for nt, rows in gc.WS_VARIANTS for v in (0, 1))
-    assert all(ws(c.nt, min(c.split, 8), v, c.rows) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
+    assert all(ws(nt, 1, v) not in (0, 1) for nt in gc.WS_NTS for v in (0, 1))
+    assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
     # and the dispatchers do refuse what they do not compile
-    assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1 and ws(2, 1, 0, 2) == 1 and ws(4, 1, 0, 3) == 1
+    assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert skinny(gc.CudaConfig(1, 4, 1, 1, 101), 0) == 1 and skinny(gc.CudaConfig(1, 4, 1, 1, -1), 0) == 1
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
