@@ -1516,7 +1516,7 @@ __global__ void __launch_bounds__(ws_threads<NT, RR>(), NT >= 16 || RR == 2 ? 1 
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
-    uint2 ent[2], ent1[2] = {};  // the first WS_ECAP entries, loaded now, stored to my_ent after the first MMA issue
+    uint2 ent[2], ent1[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     if (RR == 2) {
       if (row1)
