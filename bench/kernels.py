@@ -313,8 +313,7 @@ def main():
                     gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
                     gc.CudaConfig(1, 4, 1, 1, 100), gc.CudaConfig(1, 8, 2, 2, 50),
                     gc.TcConfig(2), gc.TcConfig(4, 2), gc.TcConfig(8, 3), gc.TcConfig(16), gc.TcConfig(16, 2),
-                    gc.WsConfig(2), gc.WsConfig(4, 3), gc.WsConfig(8, 2), gc.WsConfig(16), gc.WsConfig(16, 2),
-                    gc.WsConfig(4, 2, 2), gc.WsConfig(8, 3, 2), gc.WsConfig(16, 1, 2), gc.WsConfig(16, 3, 2)):
+                    gc.WsConfig(2), gc.WsConfig(4, 3), gc.WsConfig(8, 2), gc.WsConfig(16), gc.WsConfig(16, 2)):
             mm = 8 * cfg.nt
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -501,7 +500,7 @@ def main():
                 c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
             elif kind == "ws":
                 cc = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
-                c = f"cuda-ws {cc.nt}/{cc.split}" + (f" rows {cc.rows}" if cc.rows > 1 else "")
+                c = f"cuda-ws {cc.nt}/{cc.split}"
             elif kind == "xs":
                 cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
                 c = f"cuda-xs {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}{'/mfirst' if cc.mfirst else ''}"

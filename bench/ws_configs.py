@@ -2,10 +2,7 @@
 copies, two warpgroups decode W and run wgmma) against what gemm_cuda dispatches today and cuBLAS BF16, every
 shape, M = 16…128.  One GPU call.
 
-    W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--rows 1] [--out DIR]
-
---rows 2 sweeps the two-record-row configs (WsConfig.rows = 2: 256 channels per CTA share each X tile) against
-today's dispatch with WS_TABLE kept, so the table it writes holds the buckets where rows = 2 beats what runs now.
+    W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--out DIR]
 
 1. Identity product (bench/xs_configs.identity_product): every in-window weight decoded bit-exact, every escape
    restored, W12 and 8-bit view, for nt 2/4/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
@@ -35,46 +32,36 @@ from xs_configs import identity_product, run_isolated, write_files  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
-def configs(m: int, k: int, rows=(1,), splits=(1, 2, 3, 4, 5, 6, 7, 8)):
+def configs(m: int, k: int, splits=(1, 2, 3, 4, 5, 6, 7, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt == 16 else (nt,)
-    return [gc.WsConfig(v, s, r) for r in rows for v in nts for s in splits if s <= k // 64 and (r == 1 or v >= 4)]
-
-
-def variants(rows) -> list:
-    """(nt, rows) pairs the identity product checks, each in its own process."""
-    return [(nt, r) for r in rows for nt in gc.WS_NTS if r == 1 or nt >= 4]
+    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="16,32,48,64,128")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--rows", default="1", help="record rows per CTA to sweep: 1, 2 or 1,2")
-    ap.add_argument("--identity", help="only part 1 for one 'nt,rows' (exit 1 if it fails)")
+    ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
     args = ap.parse_args()
-    rows_swept = tuple(int(v) for v in args.rows.split(","))
     if args.identity:
-        nt, r = (int(v) for v in args.identity.split(","))
-        bad = identity_product([gc.WsConfig(nt, s, r) for s in (1, 3)], lambda c: (c.nt, c.rows))
+        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
-    if 1 in rows_swept:
-        gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
-    # part 1: each (nt, rows) in its own process
-    bad = run_isolated(os.path.abspath(__file__), variants(rows_swept), lambda v: f"{v[0]},{v[1]}")
+    gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
+    bad = run_isolated(os.path.abspath(__file__), gc.WS_NTS, str)  # part 1: each nt in its own process
     rows, best_of, raw = [], {}, []
     for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")]):
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))
         res, worst = {}, 0.0
-        for cfg in configs(m, k, rows_swept):
-            if (cfg.nt, cfg.rows) in bad:
+        for cfg in configs(m, k):
+            if cfg.nt in bad:
                 continue
             y = mt.run(x, cuda=cfg)
             err, same = rel(y, ref), all(torch.equal(mt.run(x, cuda=cfg), y) for _ in range(3))
             if err >= 1e-2 or not same:
                 print(f"FAIL {n}x{k} M={m} {cfg}: relative error {err:.2e}, deterministic {same}", flush=True)
-                bad.add((cfg.nt, cfg.rows))
+                bad.add(cfg.nt)
                 continue
             worst = max(worst, err)
             res[cfg] = bench(lambda cfg=cfg: mt.run(x, cuda=cfg))
@@ -85,7 +72,7 @@ def main():
         rows.append(dict(n=n, k=k, m=m, cublas=t_cublas, today=t_now, kind=kind, ws=t_best, cfg=repr(best),
                          err=worst, all={repr(c): t for c, t in res.items()}))
         print(f"| {n}×{k} | {m} | {t_cublas:.1f} | {kind} {t_now:.1f} ({t_cublas / t_now:.2f}×) | "
-              f"{best if best else '-'}: {t_best:.1f} "
+              f"nt {best.nt if best else '-'} split {best.split if best else '-'}: {t_best:.1f} "
               f"({t_cublas / t_best:.2f}×) | {t_now / t_best:.2f}× | {worst:.1e} |", flush=True)
         write(args, rows, best_of, bad)  # after every case: a run cut short keeps what it measured
     write(args, rows, best_of, bad)
@@ -111,10 +98,10 @@ def write(args, rows, best_of, bad):
     text = "\n".join([
         f"# Warp-specialized W12 kernel (ws) against today's dispatch and cuBLAS — {datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
-        f"- command: `W12_CUDA=1 python bench/ws_configs.py --ms {args.ms} --rows {args.rows} --out $OUT`",
+        f"- command: `W12_CUDA=1 python bench/ws_configs.py --ms {args.ms} --out $OUT`",
         "- µs: CUDA graph replay, do_bench median, L2 flushed; every config checked first (identity product "
         "bit-exact; relative ∞-norm error < 1e-2; 3 runs the same bits)",
-        f"- (nt, rows) that failed a check: {sorted(bad) or 'none'}", "",
+        f"- nt that failed a check: {sorted(bad) or 'none'}", "",
         "| N×K | M | cuBLAS µs | today: kernel µs (vs cuBLAS) | best ws µs (vs cuBLAS) | ws vs today "
         "| worst rel. error |", "|---|---|---|---|---|---|---|", *table, "",
         "Ratios to cuBLAS, geometric mean over the shapes measured:", "",

@@ -61,11 +61,10 @@ class XsConfig:
 
 @dataclass(frozen=True)
 class WsConfig:
-    """The warp-specialized kernel (w12_gemm_ws_kernel: 128·rows channels × 8·nt X rows per CTA; a producer warp
-    streams records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
+    """The warp-specialized kernel (w12_gemm_ws_kernel: 128 channels × 8·nt X rows per CTA; a producer warp streams
+    records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    rows: int = 1  # record rows per CTA: 1, or 2 (nt 4, 8, 16: 256 channels share each X tile)
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -453,12 +452,11 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
     elif isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
-        ctas = (nb + cfg.rows - 1) // cfg.rows * (mpad // (8 * cfg.nt))
-        ws, tk = _split_buffers(x.device, y, ctas, cfg.split, 128 * cfg.rows * 8 * cfg.nt)
+        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, cfg.rows)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

@@ -1195,16 +1195,7 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // (the prologue, 2.3–3.8 µs per CTA by bench/ws_trace.py): 1–7 % slower, 2026-12-03-ws-epilogue-h200-s18.md.
 // Programmatic dependent launch of this kernel after w12_x_ws_kernel (weights of the first slots before the wait):
 // within 0.5 %, 2026-12-03-ws-pair-pdl-h200-s18.md.)
-constexpr int WS_ECAP = 64;  // escape entries per warp staged
-
-// Threads of a ws CTA: 8 consumer warps + the producer warp; at NT = 16 with RR = 2 the producer is a warpgroup (warp 8
-// copies, 9–11 idle) so that setmaxnreg can move registers to the consumers (two 64-register accumulator sets each).
-template <int NT, int RR>
-__host__ __device__ constexpr int ws_threads() { return RR == 2 && NT == 16 ? 384 : 288; }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -1241,47 +1232,42 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// ring depth.  RR = 1: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16.  RR = 2 (two record rows per
-// CTA, 12 KB more per slot, two accumulator sets): one CTA per SM.
-template <int NT, int RR = 1>
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
+template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return RR == 2 ? (NT == 4 ? 6 : NT == 8 ? 5 : 4) : NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
 }
 
-template <int NT, int RR = 1>
-__host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then the RR records
-  return 8 * NT * 128 + RR * REC;
+template <int NT>
+__host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then the record
+  return 8 * NT * 128 + REC;
 }
 
-// 1024-aligned ring, corr [8][16][MT] (RR = 1 only), entries [8·RR][ECAP], offsets [8·RR][kps + 1], barriers
-template <int NT, int RR = 1>
-size_t ws_smem(int kps) {
-  return 1024 + (size_t)ws_stages<NT, RR>() * ws_slot<NT, RR>() + (RR == 1 ? 8 * 16 * 8 * NT * 4 : 0) +
-         8 * RR * WS_ECAP * 8 + 8 * RR * (kps + 1) * 4 + 2 * ws_stages<NT, RR>() * 8;
+template <int NT>
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
 }
 
 // ---- the ws kernel's pieces
 
-// The producer warp (lane 0 copies): records a + i of the record rows nb0 (and nb1 when RR = 2) and their X tile ->
-// slot i % STAGES, once the slot's `empty` completed.  Slot: X tile, then the records (RSTRIDE bytes apart).
-template <int NT, bool VIEW, int STAGES, int RR>
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
+template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
-                                           const uint8_t* xq, int nb0, int nb1, int KB, int a, int nrec, int Mpad,
-                                           int m0, int lane) {
-  constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT, RR>();
+                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
+                                           int lane) {
+  constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-  const uint8_t* wsrc0 = rec + ((size_t)nb0 * KB + a) * REC;
-  const uint8_t* wsrc1 = rec + ((size_t)nb1 * KB + a) * REC;
+  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
   const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, XB + RR * WBYTES);
+      mbar_expect(full + s, XB + WBYTES);
       bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      bulk_g2s(slot + XB, wsrc0 + (size_t)i * REC, WBYTES, full + s);
-      if (RR == 2) bulk_g2s(slot + XB + WBYTES, wsrc1 + (size_t)i * REC, WBYTES, full + s);
+      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
   }
@@ -1329,57 +1315,9 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
-// RR = 2 adds a record's escapes straight into the wgmma accumulators (no corr array: at MT = 128 two record rows'
-// corr would take 128 KB of shared memory).  The accumulators hold sums in units of 2^(E − 127) (the epilogue's
-// scale), so the entry's correction w − w_code is scaled by 2^(127 − E): ds = w · 2^(127 − E) − 2^−15, w · 2^(127 − E)
-// built exactly from w's bits (biased exponent e + 127 − E) and w_code · 2^(127 − E) = 2^(E − 142 + 127 − E) = 2^−15.
-// Scaling by a power of two commutes with the roundings while everything stays normal, so ds is exact where
-// w − w_code is.  False (the epilogue adds the entry in real units from global X, ws_late_escapes) where w is
-// subnormal, infinite or NaN, or w · 2^(127 − E) would leave the normal range.
-__device__ __forceinline__ bool esc_scaled(uint32_t h, int E, float& ds) {
-  const uint32_t hb = h & 0xFFFFu;
-  const int eb = (int)((hb >> 7) & 0xFF), es = eb + 127 - E;
-  float ws = __int_as_float((int)((hb & 0x8000u) << 16));  // ±0
-  if ((hb & 0x7FFFu) != 0) {
-    if (eb == 0 || eb == 255 || es < 1 || es > 254) return false;
-    ws = __int_as_float((int)(((hb & 0x8000u) << 16) | ((uint32_t)es << 23) | ((hb & 0x7Fu) << 16)));
-  }
-  ds = ws - __int_as_float(112 << 23);  // − 2^−15
-  return true;
-}
-
-// Record a + i's staged escapes of the warp's tile (RR = 2), after the record's wgmma completed: acc[j][·] of channel
-// rl (lanes g = rl & 7; rl ≥ 8: the second pair) and X rows 8j + 2t, +1 += x · ds, in list order, X from the slot.
-template <int NT>
-__device__ __forceinline__ void ws_escapes_acc(float (&acc)[NT][4], const int* my_toff, const uint2* my_ent, int e_lo,
-                                               int i, int a, const uint8_t* slot, const uint8_t* s_ew, int g, int t) {
-  const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
-  for (int e = i0; e < i1; ++e) {
-    const uint2 en = my_ent[e];
-    const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
-    float ds;
-    if ((rl & 7) != g || !esc_scaled(en.y, s_ew[rl], ds)) continue;
-    const int hi = rl >> 3;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int m = 8 * j + 2 * t;
-      const float x0 = __bfloat162float(__ushort_as_bfloat16(*reinterpret_cast<const uint16_t*>(slot + x_off(m, col))));
-      const float x1 = __bfloat162float(__ushort_as_bfloat16(*reinterpret_cast<const uint16_t*>(slot + x_off(m + 1, col))));
-      if (hi) {
-        acc[j][2] = fmaf(x0, ds, acc[j][2]);
-        acc[j][3] = fmaf(x1, ds, acc[j][3]);
-      } else {
-        acc[j][0] = fmaf(x0, ds, acc[j][0]);
-        acc[j][1] = fmaf(x1, ds, acc[j][1]);
-      }
-    }
-  }
-}
-
 // A consumer warp's escape prologue (escape_prologue's, with the second round trip left in flight): the per-record
 // offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
-// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed
-// (RR = 1; RR = 2 passes none).
+// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
 static_assert(WS_ECAP == 64, "two staged entries per lane");
 template <int MT, bool VIEW>
 __device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr, const int32_t* toff, const int32_t* tent,
@@ -1395,8 +1333,7 @@ __device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr,
     if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
     if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
   }
-  if (my_corr)
-    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
   __syncwarp();
 }
 
@@ -1407,82 +1344,60 @@ __device__ __forceinline__ void ws_stage_entries(uint2* my_ent, const uint2 (&en
   __syncwarp();
 }
 
-// A warp's outputs before the late escapes: red[m·CH + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma
-// D layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16], or none
-// (RR = 2: the corrections are in the sums already); CH: the CTA's channels, 128·RR).
-template <int NT, int CH>
+// A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
+// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).
+template <int NT>
 __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
                                              const float* my_corr, int g, int t) {
   const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
-  auto corr = [&](int m, int r) { return my_corr ? my_corr[m * 16 + r] : 0.f; };
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + 2 * t;
-    red[m * CH + g] = acc[j][0] * s0 + corr(m, g);
-    red[(m + 1) * CH + g] = acc[j][1] * s0 + corr(m + 1, g);
-    red[m * CH + g + 8] = acc[j][2] * s1 + corr(m, g + 8);
-    red[(m + 1) * CH + g + 8] = acc[j][3] * s1 + corr(m + 1, g + 8);
+    red[m * 128 + g] = acc[j][0] * s0 + my_corr[m * 16 + g];
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
+    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
   }
 }
 
-// The warp's escapes that the main loop did not add, from global memory in list order, onto red (row stride CH): those
-// past WS_ECAP (rare: not staged by the prologue) and, with RR = 2, the staged ones that esc_scaled refused (my_ent).
-template <bool VIEW, int CH, int RR>
-__device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi, const uint2* my_ent,
+// The warp's escapes past WS_ECAP (rare: not staged by the prologue), from global memory in list order, onto red.
+template <bool VIEW>
+__device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi,
                                                 const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0,
                                                 int mcount, int lane) {
   if constexpr (!VIEW) {
-    for (int e = RR == 2 ? e_lo : e_lo + WS_ECAP; e < e_hi; ++e) {
-      uint32_t e0, e1;
-      if (e - e_lo < WS_ECAP) {  // RR = 2: staged; added here only if the main loop could not
-        e0 = my_ent[e - e_lo].x;
-        e1 = my_ent[e - e_lo].y;
-        float ds;
-        if (esc_scaled(e1, s_ew[e0 >> 24], ds)) continue;
-      } else {
-        e0 = (uint32_t)__ldg(tent + 2 * (long)e);
-        e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
-      }
+    for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
       const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
       const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
       const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
       for (int m = lane; m < mcount; m += 32)
-        red[m * CH + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * CH + rl]);
+        red[m * 128 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * 128 + rl]);
       __syncwarp();
     }
   }
 }
 
-// RR = 2: the CTA takes the 256 channels of the record rows 2·blockIdx.x and 2·blockIdx.x + 1 (the second one a copy of
-// the first past the last row; its outputs are not stored), both records of a step in one slot beside one X tile: X
-// crosses L2 → shared memory once per 256 channels instead of once per 128 (at MT = 128 a 16 KB X tile per 12 KB
-// record).  Warp w owns the channels 16w.. of both rows (acc, acc1; two wgmma per k-step); escapes go into the
-// accumulators (ws_escapes_acc), the rare ones that cannot in the epilogue (ws_late_escapes).
-template <int NT, bool VIEW, int RR>
-__global__ void __launch_bounds__(ws_threads<NT, RR>(), NT >= 16 || RR == 2 ? 1 : 2) w12_gemm_ws_kernel(
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
-    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int NB, int KB,
-    float* __restrict__ ws, int* __restrict__ tickets) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT, RR>(), SLOT = ws_slot<NT, RR>(), XB = MT * 128, CH = 128 * RR;
-  constexpr int RSTRIDE = VIEW ? VIEW_BYTES : REC;  // bytes from a slot's first record to its second
-  constexpr int THREADS = ws_threads<NT, RR>();
-  constexpr bool REGS = THREADS == 384;  // setmaxnreg: 40 for the producer group, 232 for the consumers
+    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
+    int* __restrict__ tickets) {
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (RR = 1)
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + (RR == 1 ? 8 * 16 * MT : 0));               // [RR][8][ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + RR * 8 * WS_ECAP);                    // [STAGES]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [RR][8][kps + 1]
-  __shared__ __align__(16) uint8_t s_e[CH];
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
+  __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nb = RR * blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
-  const int nb1 = min(nb + 1, NB - 1);  // RR = 2: the second record row (a copy of the first past the last row)
-  const bool row1 = RR == 2 && nb + 1 < NB;
+  const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
@@ -1492,45 +1407,29 @@ __global__ void __launch_bounds__(ws_threads<NT, RR>(), NT >= 16 || RR == 2 ? 1 
     }
     mbar_init_fence();
   }
-  if (tid < 8 * RR)
-    reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + (tid < 8 ? nb : nb1) * 128) + (tid & 7));
+  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  float acc[NT][4], acc1[RR == 2 ? NT : 1][4];
+  float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-  for (int j = 0; j < (RR == 2 ? NT : 1); ++j) acc1[j][0] = acc1[j][1] = acc1[j][2] = acc1[j][3] = 0.f;
-  int e_lo = 0, e_hi = 0, e_lo1 = 0, e_hi1 = 0;
-  float* my_corr = RR == 1 ? corr + (warp & 7) * 16 * MT : nullptr;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
-  int* my_toff = s_toff + (warp & 7) * (kps + 1);
-  int* my_toff1 = my_toff + 8 * (kps + 1);
-  uint2* my_ent = s_ent + (warp & 7) * WS_ECAP;
-  uint2* my_ent1 = my_ent + 8 * WS_ECAP;
-  if (warp >= 8) {  // ---- producer
-    if constexpr (REGS) setmaxnreg_dec<40>();
-    if (warp == 8) ws_produce<NT, VIEW, STAGES, RR>(ring, full, empty, rec, xq, nb, nb1, KB, a, nrec, Mpad, m0, lane);
-    if constexpr (REGS) setmaxnreg_inc<168>();
+  int e_lo = 0, e_hi = 0;
+  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
+  if (warp == 8) {  // ---- producer
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
   } else {  // ---- consumers
-    if constexpr (REGS) setmaxnreg_inc<232>();
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
-    uint2 ent[2], ent1[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
+    int* my_toff = s_toff + warp * (kps + 1);
+    uint2* my_ent = s_ent + warp * WS_ECAP;
+    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    if (RR == 2) {
-      if (row1)
-        ws_escape_prologue<MT, VIEW>(my_toff1, nullptr, toff, tent, nb1 * 8 + warp, KB, a, nrec, lane, e_lo1, e_hi1,
-                                     ent1);
-      else
-        for (int i = lane; i <= nrec; i += 32) my_toff1[i] = 0;  // no second row: no entries
-      __syncwarp();
-    }
     int i = 0;
-    // At nt = 16 (RR = 1), records two at a time: a pair's eight wgmma share one commit group, one wait and one round
-    // of `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a
-    // time: the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
-    for (; RR == 1 && NT >= 16 && i + 1 < nrec; i += 2) {
+    // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
+    // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
+    // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
+    for (; NT >= 16 && i + 1 < nrec; i += 2) {
       const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
       const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
       uint32_t fa[4][4], fb[4][4];
@@ -1559,60 +1458,42 @@ __global__ void __launch_bounds__(ws_threads<NT, RR>(), NT >= 16 || RR == 2 ? 1 
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
       const uint8_t* slot = ring + s * SLOT;
-      uint32_t fa[4][4], fb[RR == 2 ? 4 : 1][4];
+      uint32_t fa[4][4];
       ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      if constexpr (RR == 2) ws_decode<VIEW>(slot + RSTRIDE, v0, v1, n0, n1, nkeep, fb);
       fence_acc(acc);
-      if constexpr (RR == 2) fence_acc(acc1);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
-      if constexpr (RR == 2) ws_mma<NT>(acc1, fb, saddr(slot));
       wg_commit();
       if (!VIEW) {
-        if (i == 0) {
-          ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-          if (RR == 2) ws_stage_entries(my_ent1, ent1, e_hi1 - e_lo1, lane);
-        }
-        if (RR == 1) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
-      if constexpr (RR == 2 && !VIEW) {
-        fence_acc(acc);
-        fence_acc(acc1);
-        ws_escapes_acc<NT>(acc, my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, g, t);
-        ws_escapes_acc<NT>(acc1, my_toff1, my_ent1, e_lo1, i, a, slot, s_e + 128 + 16 * warp, g, t);
-      }
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
-    if constexpr (RR == 2) fence_acc(acc1);
-    if constexpr (REGS) setmaxnreg_dec<168>();
   }
-  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][CH] (X row-major) from here on
+  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
-  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries not added yet)
-    float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·CH + r
-    ws_store_acc<NT, CH>(red, acc, s_e + 16 * warp, my_corr, g, t);
-    if constexpr (RR == 2) ws_store_acc<NT, CH>(red + 128, acc1, s_e + 128 + 16 * warp, nullptr, g, t);
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
+    ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
-    ws_late_escapes<VIEW, CH, RR>(red, s_e + 16 * warp, e_lo, e_hi, my_ent, tent, x, ldx, m0, mcount, lane);
-    if constexpr (RR == 2)
-      ws_late_escapes<VIEW, CH, RR>(red + 128, s_e + 128 + 16 * warp, e_lo1, e_hi1, my_ent1, tent, x, ldx, m0, mcount,
-                                    lane);
+    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
-  finish_tile<CH, MT, THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
-                                     S, &s_last, y, ldy, N, nb * 128, m0, mcount);
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
-template <int NT, bool VIEW, int RR>
+template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st) {
-  static_assert(128 * RR * 8 * NT * 4 <= ws_stages<NT, RR>() * ws_slot<NT, RR>(), "the sums fit in the ring");
-  auto kern = w12_gemm_ws_kernel<NT, VIEW, RR>;
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
-  const size_t smem = ws_smem<NT, RR>(kps);
+  const size_t smem = ws_smem<NT>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1623,10 +1504,10 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
-  dim3 grid((NB + RR - 1) / RR, mtiles, split);
-  kern<<<grid, ws_threads<NT, RR>(), smem, st>>>(
+  dim3 grid(NB, mtiles, split);
+  kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, NB, KB, (float*)ws, (int*)tickets);
+      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
 }
 
@@ -1775,20 +1656,18 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 }
 
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// rows: record rows per CTA (1, or 2 with nt 4, 8, 16: 256 channels sharing each X tile); split: CTAs along K
-// (split > 1 needs ws: fp32 [ceil(NB / rows) · ceil(M / 8nt) · split · 128·rows · 8nt] and tickets: int32 zeros
-// [ceil(NB / rows) · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's
-// order (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
+// split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
+// [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
+// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xq, void* stream, int rows) {
+                           void* ws, void* tickets, void* xq, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-#define W12_WS(NTV, V, R) \
-  if (nt == NTV && !!view == V && rows == R) \
-    return launch_ws<NTV, V, R>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
-#define W12_WS4(V) \
-  W12_WS(2, V, 1) W12_WS(4, V, 1) W12_WS(8, V, 1) W12_WS(16, V, 1) W12_WS(4, V, 2) W12_WS(8, V, 2) W12_WS(16, V, 2)
+#define W12_WS(NTV, V) \
+  if (nt == NTV && !!view == V) \
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
 #undef W12_WS
