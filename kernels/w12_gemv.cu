@@ -654,7 +654,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -1426,58 +1425,52 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    // At nt = 16, records pipelined: record i's wgmma group is committed before the warp waits for record i − 1's, so
-    // the decode of record i + 1 overlaps record i's tensor work (wgmma.wait_group 1).  The A fragments alternate between fa and
-    // fb in a loop unrolled by two, so a fragment set is written again only after the wait that retires the group
-    // reading it (PTX: A registers must not be touched before that wait).  The slot of a record is released (its
-    // `empty` arrival) once its group is retired.  Same records, same order, same escapes: the same bits as one
-    // record at a time.  (At nt ≤ 8 ptxas serializes the wgmma for want of registers at two CTAs per SM, or spills:
-    // one record at a time there.)
-    uint32_t fa[4][4], fb[4][4];
-    auto issue = [&](int j, uint32_t(&f)[4][4]) {  // record j: decode, four wgmma, commit, then its escapes
-      const int s = j % STAGES;
-      mbar_wait(full + s, (j / STAGES) & 1);
-      const uint8_t* slot = ring + s * SLOT;
-      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, f);
+    int i = 0;
+    // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
+    // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
+    // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
+    for (; NT >= 16 && i + 1 < nrec; i += 2) {
+      const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
+      const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
+      uint32_t fa[4][4], fb[4][4];
+      mbar_wait(full + s0, (i / STAGES) & 1);
+      ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
+      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
+      ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
+      fence_acc(acc);
       wg_fence();
-      ws_mma<NT>(acc, f, saddr(slot));
+      ws_mma<NT>(acc, fa, saddr(slot0));
+      ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
       if (!VIEW) {
-        if (j == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, j, a, slot, s_e + 16 * warp, my_corr, lane);
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
-    };
-    auto release = [&](int j) {  // record j's group is retired: the warp is done with its slot
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + j % STAGES);
-    };
-    fence_acc(acc);
-    if (NT < 16) {
-      for (int j = 0; j < nrec; ++j) {
-        issue(j, fa);
-        wg_wait0();
-        release(j);
-      }
-    }
-    if (NT >= 16 && nrec > 0) issue(0, fa);
-    int i = NT >= 16 ? 1 : nrec;
-    for (; i + 1 < nrec; i += 2) {
-      issue(i, fb);
-      wg_wait1();
-      release(i - 1);
-      issue(i + 1, fa);
-      wg_wait1();
-      release(i);
-    }
-    if (i < nrec) {
-      issue(i, fb);
-      wg_wait1();
-      release(i - 1);
-      ++i;
-    }
-    if (NT >= 16) {
       wg_wait0();
-      if (nrec > 0) release(nrec - 1);
+      __syncwarp();
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
+        mbar_arrive(empty + s0);
+        mbar_arrive(empty + s1);
+      }
+    }
+    for (; i < nrec; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(full + s, (i / STAGES) & 1);
+      const uint8_t* slot = ring + s * SLOT;
+      uint32_t fa[4][4];
+      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot));
+      wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
