@@ -40,7 +40,10 @@ ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
-      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
 """
 PAIRS = "for (; NT >= 16 && i + 1 < nrec; i += 2)"  # the nt = 16 record-pair loop: off in every diag variant
@@ -67,13 +70,19 @@ PATCH = """#if W12_WS_DIAG & 4
         for (int k = 0; k < 4; ++k) h ^= fa[k][0] ^ fa[k][1] ^ fa[k][2] ^ fa[k][3];
         acc[0][0] += __uint_as_float(h & 0x3FFFFFu);
       }
-      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
 #else
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
-      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
 #endif
 """
