@@ -1194,7 +1194,14 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // 2026-12-02-ws-ss-FAILED-h200-s17.md.  A tenth warp staging all 8 warps' escape lists while the consumers start
 // (the prologue, 2.3–3.8 µs per CTA by bench/ws_trace.py): 1–7 % slower, 2026-12-03-ws-epilogue-h200-s18.md.
 // Programmatic dependent launch of this kernel after w12_x_ws_kernel (weights of the first slots before the wait):
-// within 0.5 %, 2026-12-03-ws-pair-pdl-h200-s18.md.)
+// within 0.5 %, 2026-12-03-ws-pair-pdl-h200-s18.md.
+// Two record rows per CTA (256 channels sharing each X tile, half the L2 → shared-memory X traffic; escapes added
+// into the accumulators; setmaxnreg at nt = 16): slower in 37 of 40 buckets, equal at M = 128; 6d3b07e,
+// 2026-12-03-ws-rows2-FAILED-h200-s20.md.  At nt = 16 the next record's decode pipelined under the current record's
+// wgmma (wait_group 1, fragments alternating between two register sets in a loop unrolled by two — legal, and ptxas
+// does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
+// What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
+// call with no decode at all; the ring alone ~60 %.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
