@@ -12,6 +12,8 @@ Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws c
   3 neither        loads only
   5 mma only       no LDS, no decode: constant fragments, wgmma as landed
   7 ring only      the producer's ring, the barriers, the escapes and the epilogue
+  8 no escapes     the main loop adds no escape corrections (the prologue and the epilogue kept)
+  13 mma only, no escapes
   new*             kernels/w12_gemv.cu at --new NAME=REV (default: the worktree): must give the full build's bits
 If time(full) ≈ time(no decode) + time(no mma) − time(neither), the decode and the MMAs do not overlap.
 """
@@ -29,7 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only"}
+VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only", 8: "no escapes",
+            13: "mma only, no escapes"}
 CASES = [(151936, 5120, 32), (151936, 5120, 128), (28672, 4096, 32), (28672, 4096, 128), (6144, 4096, 32),
          (6144, 4096, 128), (4096, 14336, 64)]
 BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"), (300, 1088, 20, "WsConfig(4, 3)"),
@@ -72,7 +75,9 @@ PATCH = """#if W12_WS_DIAG & 4
       }
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+#if !(W12_WS_DIAG & 8)
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+#endif
       }
 #else
       fence_acc(acc);
@@ -81,7 +86,9 @@ PATCH = """#if W12_WS_DIAG & 4
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+#if !(W12_WS_DIAG & 8)
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+#endif
       }
       wg_wait0();
 #endif
