@@ -14,6 +14,8 @@ Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws c
   7 ring only      the producer's ring, the barriers, the escapes and the epilogue
   8 no escapes     the main loop adds no escape corrections (the prologue and the epilogue kept)
   13 mma only, no escapes
+  16 no ring       the producer copies nothing and the consumers do not wait for it (stale shared memory): the
+                   consumers' chain alone; 24 = no ring, no escapes; 28 = mma only, no ring, no escapes
   new*             kernels/w12_gemv.cu at --new NAME=REV (default: the worktree): must give the full build's bits
 If time(full) ≈ time(no decode) + time(no mma) − time(neither), the decode and the MMAs do not overlap.
 """
@@ -32,7 +34,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only", 8: "no escapes",
-            13: "mma only, no escapes"}
+            13: "mma only, no escapes", 24: "no ring, no escapes", 28: "mma only, no ring, no escapes"}
 CASES = [(151936, 5120, 32), (151936, 5120, 128), (28672, 4096, 32), (28672, 4096, 128), (6144, 4096, 32),
          (6144, 4096, 128), (4096, 14336, 64)]
 BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"), (300, 1088, 20, "WsConfig(4, 3)"),
@@ -49,6 +51,10 @@ ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       }
       wg_wait0();
 """
+WAIT = """      mbar_wait(full + s, (i / STAGES) & 1);
+      const uint8_t* slot = ring + s * SLOT;
+"""
+PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);\n"
 PAIRS = "for (; NT >= 16 && i + 1 < nrec; i += 2)"  # the nt = 16 record-pair loop: off in every diag variant
 PATCH = """#if W12_WS_DIAG & 4
 #pragma unroll
@@ -98,8 +104,11 @@ PATCH = """#if W12_WS_DIAG & 4
 def variant_source(diag: int) -> str:
     src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
                          text=True).stdout
-    assert src.count(ANCHOR) == 1 and src.count(PAIRS) == 1, "the ws consumer loop changed: update bench/ws_diag.py"
-    return f"#define W12_WS_DIAG {diag}\n" + src.replace(ANCHOR, PATCH).replace(PAIRS, PAIRS.replace("NT >= 16", "false"))
+    assert all(src.count(s) == 1 for s in (ANCHOR, PAIRS, WAIT, PRODUCE)), "the ws loop changed: update bench/ws_diag.py"
+    src = src.replace(ANCHOR, PATCH).replace(PAIRS, PAIRS.replace("NT >= 16", "false"))
+    src = src.replace(WAIT, "#if !(W12_WS_DIAG & 16)\n" + WAIT.replace("\n      const", "\n#endif\n      const"))
+    src = src.replace(PRODUCE, "#if !(W12_WS_DIAG & 16)\n" + PRODUCE + "#endif\n")
+    return f"#define W12_WS_DIAG {diag}\n" + src
 
 
 def config_for(gc, n, k, m):
@@ -185,14 +194,15 @@ def main():
     ap.add_argument("--build", type=Path, help="write one library per variant here (needs nvcc, no GPU)")
     ap.add_argument("--libs", type=Path, help="time the libraries of this folder (needs the GPU)")
     ap.add_argument("--new", action="append", help="NAME=REV (git revision or `worktree`; NAME starts with `new`): a "
-                    "build to check against the full build's bits and time beside it; repeatable (default new=worktree)")
+                    "build to check against the full build's bits and time beside it; repeatable")
+    ap.add_argument("--variants", default=",".join(map(str, VARIANTS)), help="which variants to build (0 always)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.build:
         from ab_kernel import build_libs, source_at
-        sources = {f"diag{d}": variant_source(d) for d in VARIANTS}
-        for spec in a.new or ["new=worktree"]:
+        sources = {f"diag{d}": variant_source(d) for d in sorted({0, *map(int, a.variants.split(","))})}
+        for spec in a.new or []:
             name, rev = spec.split("=", 1)
             sources[name] = source_at(rev)
         for name, lib in build_libs(sources, a.build).items():

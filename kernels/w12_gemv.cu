@@ -1202,7 +1202,7 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
 // What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
 // call with no decode at all; the ring alone ~60 %.)
-constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
+constexpr int WS_THREADS = 320, WS_ECAP = 64;  // 8 consumer warps, the producer, the escape warp; entries per tile staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -1322,33 +1322,46 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
-// A consumer warp's escape prologue (escape_prologue's, with the second round trip left in flight): the per-record
-// offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
-// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
-static_assert(WS_ECAP == 64, "two staged entries per lane");
-template <int MT, bool VIEW>
-__device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr, const int32_t* toff, const int32_t* tent,
-                                                   int c, int KB, int a, int nrec, int lane, int& e_lo, int& e_hi,
-                                                   uint2 (&ent)[2]) {
-  ent[0] = ent[1] = make_uint2(0u, 0u);
-  if constexpr (!VIEW) {
-    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
-    __syncwarp();
-    e_lo = my_toff[0];
-    e_hi = my_toff[nrec];
-    const int cnt = min(WS_ECAP, e_hi - e_lo);
-    if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
-    if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
+// The escape warp's prologue (W12 only), for the CTA's 8 tiles of 16 channels (tile w: consumer warp w's channels):
+// the per-record offsets s_toff[w][0..nrec] (toff of tile nb·8 + w), the first WS_ECAP entries of each tile's list
+// into s_ent[w], corr zeroed.  Two round trips, every load of a round in flight at once; the consumers start meanwhile.
+template <int MT>
+__device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, float* corr, const int32_t* toff,
+                                                   const int32_t* tent, int nb, int KB, int a, int nrec, int kps,
+                                                   int lane) {
+  for (int idx = lane; idx < 8 * (nrec + 1); idx += 32) {
+    const int w = idx / (nrec + 1), i = idx % (nrec + 1);
+    s_toff[w * (kps + 1) + i] = __ldg(toff + (long)(nb * 8 + w) * KB + a + i);
   }
-  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  __syncwarp();
+  for (int idx = lane; idx < 8 * WS_ECAP; idx += 32) {
+    const int w = idx / WS_ECAP, j = idx % WS_ECAP, lo = s_toff[w * (kps + 1)];
+    if (j < s_toff[w * (kps + 1) + nrec] - lo) s_ent[idx] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(lo + j));
+  }
+  for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncwarp();
 }
 
-// The staged entries into shared memory (n = e_hi − e_lo), before the first record's escapes.
-__device__ __forceinline__ void ws_stage_entries(uint2* my_ent, const uint2 (&ent)[2], int n, int lane) {
-  if (lane < n) my_ent[lane] = ent[0];
-  if (lane + 32 < n && lane + 32 < WS_ECAP) my_ent[lane + 32] = ent[1];
-  __syncwarp();
+// The escape warp (W12 only): record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from the
+// slot, then the slot's release like a consumer warp's (`empty` counts 9 arrivals).  Off the consumers' chain: real
+// weights have about one escape per record, so this warp stays ahead of the MMAs.
+template <int NT, int STAGES>
+__device__ __forceinline__ void ws_escape_warp(const uint8_t* ring, uint64_t* full, uint64_t* empty, const int* s_toff,
+                                               const uint2* s_ent, float* corr, const uint8_t* s_e, int a, int nrec,
+                                               int kps, int lane) {
+  constexpr int MT = 8 * NT, SLOT = ws_slot<NT>();
+  for (int i = 0; i < nrec; ++i) {
+    const int s = i % STAGES;
+    mbar_wait(full + s, (i / STAGES) & 1);
+    const uint8_t* slot = ring + s * SLOT;
+#pragma unroll 1
+    for (int w = 0; w < 8; ++w) {
+      const int* t = s_toff + w * (kps + 1);
+      ws_escapes<MT>(t, s_ent + w * WS_ECAP, t[0], i, a, slot, s_e + 16 * w, corr + w * 16 * MT, lane);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + s);
+  }
 }
 
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
@@ -1410,7 +1423,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, 8);
+      mbar_init(empty + s, VIEW ? 8 : 9);
     }
     mbar_init_fence();
   }
@@ -1420,18 +1433,18 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
+  } else if (warp == 9) {  // ---- escapes
+    if (!VIEW) {
+      ws_escape_prologue<MT>(s_toff, s_ent, corr, toff, tent, nb, KB, a, nrec, kps, lane);
+      ws_escape_warp<NT, STAGES>(ring, full, empty, s_toff, s_ent, corr, s_e, a, nrec, kps, lane);
+    }
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
-    int* my_toff = s_toff + warp * (kps + 1);
-    uint2* my_ent = s_ent + warp * WS_ECAP;
-    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
-    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
@@ -1449,14 +1462,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_mma<NT>(acc, fa, saddr(slot0));
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
-      }
       wg_wait0();
       __syncwarp();
-      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma)
         mbar_arrive(empty + s0);
         mbar_arrive(empty + s1);
       }
@@ -1471,13 +1479,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
-      }
       wg_wait0();
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
@@ -1487,7 +1491,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
     ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
-    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
+    const int* my_toff = s_toff + warp * (kps + 1);
+    ws_late_escapes<VIEW>(red, s_e + 16 * warp, my_toff[0], my_toff[nrec], tent, x, ldx, m0, mcount, lane);
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
