@@ -1325,38 +1325,60 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
 
 // The escape warp's prologue (W12 only), for the CTA's 8 tiles of 16 channels (tile w: consumer warp w's channels):
 // the per-record offsets s_toff[w][0..nrec] (toff of tile nb·8 + w), the first WS_ECAP entries of each tile's list
-// into s_ent[w], corr zeroed.  Two round trips, every load of a round in flight at once; the consumers start meanwhile.
+// into s_ent[w], corr zeroed.  Two round trips: each round's loads all land in registers before any store (a load
+// after a shared store would wait for it), so every load of a round is in flight at once.  The consumers start
+// meanwhile.
 template <int MT>
 __device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, float* corr, const int32_t* toff,
                                                    const int32_t* tent, int nb, int KB, int a, int nrec, int kps,
                                                    int lane) {
-  for (int idx = lane; idx < 8 * (nrec + 1); idx += 32) {
-    const int w = idx / (nrec + 1), i = idx % (nrec + 1);
-    s_toff[w * (kps + 1) + i] = __ldg(toff + (long)(nb * 8 + w) * KB + a + i);
+  const int n1 = nrec + 1;
+  for (int base = 0; base < 8 * n1; base += 8 * 32) {
+    int v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int idx = base + 32 * u + lane;
+      v[u] = idx < 8 * n1 ? __ldg(toff + (long)(nb * 8 + idx / n1) * KB + a + idx % n1) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int idx = base + 32 * u + lane;
+      if (idx < 8 * n1) s_toff[idx / n1 * (kps + 1) + idx % n1] = v[u];
+    }
   }
   __syncwarp();
-  for (int idx = lane; idx < 8 * WS_ECAP; idx += 32) {
-    const int w = idx / WS_ECAP, j = idx % WS_ECAP, lo = s_toff[w * (kps + 1)];
-    if (j < s_toff[w * (kps + 1) + nrec] - lo) s_ent[idx] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(lo + j));
+  static_assert(WS_ECAP == 64, "two entries of each tile per lane");
+  uint2 ent[16];
+#pragma unroll
+  for (int u = 0; u < 16; ++u) {  // tile u / 2, entry 32·(u & 1) + lane
+    const int* t = s_toff + (u / 2) * (kps + 1);
+    const int j = 32 * (u & 1) + lane;
+    ent[u] = j < t[nrec] - t[0] ? *reinterpret_cast<const uint2*>(tent + 2 * (long)(t[0] + j)) : make_uint2(0u, 0u);
   }
+#pragma unroll
+  for (int u = 0; u < 16; ++u) s_ent[32 * u + lane] = ent[u];
   for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   __syncwarp();
 }
 
 // The escape warp (W12 only): record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from the
-// slot, then the slot's release like a consumer warp's (`empty` counts 9 arrivals).  Off the consumers' chain: real
-// weights have about one escape per record, so this warp stays ahead of the MMAs.
+// slot, then the slot's release like a consumer warp's (`empty` counts 9 arrivals).  Lane w < 8 looks up tile w's
+// staged entries of the record and one ballot names the tiles that have any.  Off the consumers' chain: real weights
+// have about one escape per record, so this warp stays ahead of the MMAs.
 template <int NT, int STAGES>
 __device__ __forceinline__ void ws_escape_warp(const uint8_t* ring, uint64_t* full, uint64_t* empty, const int* s_toff,
                                                const uint2* s_ent, float* corr, const uint8_t* s_e, int a, int nrec,
                                                int kps, int lane) {
   constexpr int MT = 8 * NT, SLOT = ws_slot<NT>();
+  const int* my_t = s_toff + min(lane, 7) * (kps + 1);
+  const int e0 = my_t[0];
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
     mbar_wait(full + s, (i / STAGES) & 1);
     const uint8_t* slot = ring + s * SLOT;
-#pragma unroll 1
-    for (int w = 0; w < 8; ++w) {
+    const bool any = lane < 8 && min(my_t[i + 1] - e0, WS_ECAP) > my_t[i] - e0;
+    for (uint32_t mask = __ballot_sync(0xFFFFFFFFu, any); mask; mask &= mask - 1) {
+      const int w = __ffs(mask) - 1;
       const int* t = s_toff + w * (kps + 1);
       ws_escapes<MT>(t, s_ent + w * WS_ECAP, t[0], i, a, slot, s_e + 16 * w, corr + w * 16 * MT, lane);
     }
