@@ -1304,27 +1304,39 @@ __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)
   for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
 }
 
-// Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
-// (s_ew: the tile's 16 exponents).
+// corr [MT][16] of a tile: X row m, channel r at m·16 + (r ^ (m & 15)) — the escape warp's lanes (rows m, one channel)
+// land on 16 banks, not 2.
+__device__ __forceinline__ int corr_at(int m, int r) { return m * 16 + (r ^ (m & 15)); }
+
+// Record a + i's escapes of one tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot (s_ew: the
+// tile's 16 exponents).  Per entry, the warp's X loads first, then its corr loads, then the stores: each round in
+// flight at once.
 template <int MT>
 __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
                                            const uint8_t* slot, const uint8_t* s_ew, float* my_corr, int lane) {
+  constexpr int R = (MT + 31) / 32;  // X rows per lane
   const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
   for (int e = i0; e < i1; ++e) {
     const uint2 en = my_ent[e];
     const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
     const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
     const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
-    for (int m = lane; m < MT; m += 32) {
-      const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
-      my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
+    float xv[R], cv[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const int m = min(lane + 32 * j, MT - 1);
+      xv[j] = __bfloat162float(__ushort_as_bfloat16(*reinterpret_cast<const uint16_t*>(slot + x_off(m, col))));
+      cv[j] = my_corr[corr_at(m, rl)];
     }
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (lane + 32 * j < MT) my_corr[corr_at(lane + 32 * j, rl)] = fmaf(xv[j], d, cv[j]);
   }
 }
 
 // The escape warp's prologue (W12 only), for the CTA's 8 tiles of 16 channels (tile w: consumer warp w's channels):
 // the per-record offsets s_toff[w][0..nrec] (toff of tile nb·8 + w), the first WS_ECAP entries of each tile's list
-// into s_ent[w], corr zeroed.  Two round trips: each round's loads all land in registers before any store (a load
+// into s_ent[w].  Two round trips: each round's loads all land in registers before any store (a load
 // after a shared store would wait for it), so every load of a round is in flight at once.  The consumers start
 // meanwhile.
 template <int MT>
@@ -1356,8 +1368,6 @@ __device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, fl
   }
 #pragma unroll
   for (int u = 0; u < 16; ++u) s_ent[32 * u + lane] = ent[u];
-  for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  __syncwarp();
 }
 
 // The escape warp (W12 only): record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from the
@@ -1395,10 +1405,10 @@ __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + 2 * t;
-    red[m * 128 + g] = acc[j][0] * s0 + my_corr[m * 16 + g];
-    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
-    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
-    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
+    red[m * 128 + g] = acc[j][0] * s0 + my_corr[corr_at(m, g)];
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[corr_at(m + 1, g)];
+    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[corr_at(m, g + 8)];
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[corr_at(m + 1, g + 8)];
   }
 }
 
@@ -1455,10 +1465,12 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
+  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at corr_at(m, r)
   if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
-  } else if (warp == 9) {  // ---- escapes
+  } else if (warp == 9) {  // ---- escapes (the view: corr zeroed only)
+    for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncwarp();
     if (!VIEW) {
       ws_escape_prologue<MT>(s_toff, s_ent, corr, toff, tent, nb, KB, a, nrec, kps, lane);
       ws_escape_warp<NT, STAGES>(ring, full, empty, s_toff, s_ent, corr, s_e, a, nrec, kps, lane);
