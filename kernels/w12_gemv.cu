@@ -1221,6 +1221,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
       "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
 }
+// mbar_wait without the hardware's suspend: polls with a sleep in between (a warp that waits most of its life must not
+// take issue slots from the consumers on its SM sub-partition)
+__device__ __forceinline__ void mbar_wait_sleep(uint64_t* bar, uint32_t parity) {
+  uint32_t ok = 0;
+  while (true) {
+    asm volatile("{\n.reg .pred P;\nmbarrier.test_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, 1, 0, P;\n}"
+                 : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
+    if (ok) return;
+    __nanosleep(128);
+  }
+}
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
@@ -1383,7 +1394,7 @@ __device__ __forceinline__ void ws_escape_warp(const uint8_t* ring, uint64_t* fu
   const int e0 = my_t[0];
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
-    mbar_wait(full + s, (i / STAGES) & 1);
+    mbar_wait_sleep(full + s, (i / STAGES) & 1);
     const uint8_t* slot = ring + s * SLOT;
     const bool any = lane < 8 && min(my_t[i + 1] - e0, WS_ECAP) > my_t[i] - e0;
     for (uint32_t mask = __ballot_sync(0xFFFFFFFFu, any); mask; mask &= mask - 1) {
