@@ -1202,7 +1202,7 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
 // What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
 // call with no decode at all; the ring alone ~60 %.)
-constexpr int WS_THREADS = 320, WS_ECAP = 64;  // 8 consumer warps, the producer, the escape warp; entries per tile staged
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per tile staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -1220,17 +1220,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "{\n.reg .pred P;\nW12_WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
       "@!P bra W12_WAIT_%=;\n}" ::"r"(saddr(bar)), "r"(parity) : "memory");
-}
-// mbar_wait without the hardware's suspend: polls with a sleep in between (a warp that waits most of its life must not
-// take issue slots from the consumers on its SM sub-partition)
-__device__ __forceinline__ void mbar_wait_sleep(uint64_t* bar, uint32_t parity) {
-  uint32_t ok = 0;
-  while (true) {
-    asm volatile("{\n.reg .pred P;\nmbarrier.test_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, 1, 0, P;\n}"
-                 : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
-    if (ok) return;
-    __nanosleep(128);
-  }
 }
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -1268,28 +1257,6 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 }
 
 // ---- the ws kernel's pieces
-
-// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
-template <int NT, bool VIEW, int STAGES>
-__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
-                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane) {
-  constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
-  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
-  const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
-  for (int i = 0; i < nrec; ++i) {
-    const int s = i % STAGES;
-    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-    if (lane == 0) {
-      uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, XB + WBYTES);
-      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
-    }
-    __syncwarp();
-  }
-}
 
 // The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
 template <bool VIEW>
@@ -1381,30 +1348,68 @@ __device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, fl
   for (int u = 0; u < 16; ++u) s_ent[32 * u + lane] = ent[u];
 }
 
-// The escape warp (W12 only): record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from the
-// slot, then the slot's release like a consumer warp's (`empty` counts 9 arrivals).  Lane w < 8 looks up tile w's
-// staged entries of the record and one ballot names the tiles that have any.  Off the consumers' chain: real weights
-// have about one escape per record, so this warp stays ahead of the MMAs.
-template <int NT, int STAGES>
-__device__ __forceinline__ void ws_escape_warp(const uint8_t* ring, uint64_t* full, uint64_t* empty, const int* s_toff,
-                                               const uint2* s_ent, float* corr, const uint8_t* s_e, int a, int nrec,
-                                               int kps, int lane) {
-  constexpr int MT = 8 * NT, SLOT = ws_slot<NT>();
+// Record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from its slot: lane w < 8 looks up
+// tile w's staged entries of the record, one ballot names the tiles that have any (real weights: about one escape
+// per record).
+template <int MT>
+__device__ __forceinline__ void ws_record_escapes(const uint8_t* slot, const int* s_toff, const uint2* s_ent,
+                                                  float* corr, const uint8_t* s_e, int a, int i, int nrec, int kps,
+                                                  int lane) {
   const int* my_t = s_toff + min(lane, 7) * (kps + 1);
-  const int e0 = my_t[0];
+  const bool any = lane < 8 && min(my_t[i + 1] - my_t[0], WS_ECAP) > my_t[i] - my_t[0];
+  for (uint32_t mask = __ballot_sync(0xFFFFFFFFu, any); mask; mask &= mask - 1) {
+    const int w = __ffs(mask) - 1;
+    const int* t = s_toff + w * (kps + 1);
+    ws_escapes<MT>(t, s_ent + w * WS_ECAP, t[0], i, a, slot, s_e + 16 * w, corr + w * 16 * MT, lane);
+  }
+}
+
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty`
+// completed.  It is also the CTA's escape warp (W12): before it reuses a slot it applies the escapes of the record
+// that slot held (ws_record_escapes) and arrives on `empty` itself (9 arrivals: 8 consumer warps + this one), so the
+// escapes stay off the consumers' chain; the last STAGES records' escapes follow the last copy.  The staging
+// (ws_escape_prologue) and corr's zeroing run after the first STAGES copies are in flight.
+template <int NT, bool VIEW, int STAGES>
+__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
+                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
+                                           int lane, int* s_toff, uint2* s_ent, float* corr, const int32_t* toff,
+                                           const int32_t* tent, const uint8_t* s_e, int kps) {
+  constexpr int MT = 8 * NT, XB = MT * 128, SLOT = ws_slot<NT>();
+  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
+  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
+  const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
+  auto setup = [&]() {
+    for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (!VIEW) ws_escape_prologue<MT>(s_toff, s_ent, corr, toff, tent, nb, KB, a, nrec, kps, lane);
+    __syncwarp();
+  };
+  auto escapes = [&](int j) {  // record j's, once its copy landed
+    const int s = j % STAGES;
+    mbar_wait(full + s, (j / STAGES) & 1);
+    ws_record_escapes<MT>(ring + s * SLOT, s_toff, s_ent, corr, s_e, a, j, nrec, kps, lane);
+    __syncwarp();
+  };
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
-    mbar_wait_sleep(full + s, (i / STAGES) & 1);
-    const uint8_t* slot = ring + s * SLOT;
-    const bool any = lane < 8 && min(my_t[i + 1] - e0, WS_ECAP) > my_t[i] - e0;
-    for (uint32_t mask = __ballot_sync(0xFFFFFFFFu, any); mask; mask &= mask - 1) {
-      const int w = __ffs(mask) - 1;
-      const int* t = s_toff + w * (kps + 1);
-      ws_escapes<MT>(t, s_ent + w * WS_ECAP, t[0], i, a, slot, s_e + 16 * w, corr + w * 16 * MT, lane);
+    if (i >= STAGES) {
+      if (i == STAGES) setup();
+      if (!VIEW) {
+        escapes(i - STAGES);
+        if (lane == 0) mbar_arrive(empty + s);
+      }
+      mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+    }
+    if (lane == 0) {
+      uint8_t* slot = ring + s * SLOT;
+      mbar_expect(full + s, XB + WBYTES);
+      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + s);
   }
+  if (nrec <= STAGES) setup();
+  if (!VIEW)
+    for (int j = max(0, nrec - STAGES); j < nrec; ++j) escapes(j);
 }
 
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
@@ -1477,15 +1482,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at corr_at(m, r)
-  if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
-  } else if (warp == 9) {  // ---- escapes (the view: corr zeroed only)
-    for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    __syncwarp();
-    if (!VIEW) {
-      ws_escape_prologue<MT>(s_toff, s_ent, corr, toff, tent, nb, KB, a, nrec, kps, lane);
-      ws_escape_warp<NT, STAGES>(ring, full, empty, s_toff, s_ent, corr, s_e, a, nrec, kps, lane);
-    }
+  if (warp == 8) {  // ---- producer (and escapes)
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, s_toff, s_ent, corr, toff,
+                                 tent, s_e, kps);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
