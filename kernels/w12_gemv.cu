@@ -1202,7 +1202,16 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
 // What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
 // call with no decode at all; the ring alone ~60 %.)
-constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per tile staged
+constexpr int WS_ECAP = 64;  // escape entries per tile staged
+
+// Threads of a ws CTA: 8 consumer warps + the producer warp; at NT = 16 the producer is a warpgroup (warp 8 copies,
+// 9–11 idle) so that setmaxnreg can move registers to the consumers (two 64-register accumulator sets each: KS).
+template <int NT>
+__host__ __device__ constexpr int ws_threads() { return NT >= 16 ? 384 : 288; }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -1337,15 +1346,18 @@ __device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, fl
   }
   __syncwarp();
   static_assert(WS_ECAP == 64, "two entries of each tile per lane");
-  uint2 ent[16];
 #pragma unroll
-  for (int u = 0; u < 16; ++u) {  // tile u / 2, entry 32·(u & 1) + lane
-    const int* t = s_toff + (u / 2) * (kps + 1);
-    const int j = 32 * (u & 1) + lane;
-    ent[u] = j < t[nrec] - t[0] ? *reinterpret_cast<const uint2*>(tent + 2 * (long)(t[0] + j)) : make_uint2(0u, 0u);
+  for (int half = 0; half < 2; ++half) {  // two rounds of 8 loads per lane (the producer warp runs at 64 registers)
+    uint2 ent[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {  // tile 4·half + u / 2, entry 32·(u & 1) + lane
+      const int* t = s_toff + (4 * half + u / 2) * (kps + 1);
+      const int j = 32 * (u & 1) + lane;
+      ent[u] = j < t[nrec] - t[0] ? *reinterpret_cast<const uint2*>(tent + 2 * (long)(t[0] + j)) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) s_ent[256 * half + 32 * u + lane] = ent[u];
   }
-#pragma unroll
-  for (int u = 0; u < 16; ++u) s_ent[32 * u + lane] = ent[u];
 }
 
 // Record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from its slot: lane w < 8 looks up
@@ -1413,18 +1425,33 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
 }
 
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
-// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).
-template <int NT>
+// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).  SUM: the other
+// warpgroup's sums already lie in red (ws_store_raw), sum = acc + red, in that order.
+template <int NT, bool SUM = false>
 __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
                                              const float* my_corr, int g, int t) {
   const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + 2 * t;
-    red[m * 128 + g] = acc[j][0] * s0 + my_corr[corr_at(m, g)];
-    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[corr_at(m + 1, g)];
-    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[corr_at(m, g + 8)];
-    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[corr_at(m + 1, g + 8)];
+    float* r[4] = {red + m * 128 + g, red + (m + 1) * 128 + g, red + m * 128 + g + 8, red + (m + 1) * 128 + g + 8};
+    const float c[4] = {my_corr[corr_at(m, g)], my_corr[corr_at(m + 1, g)], my_corr[corr_at(m, g + 8)],
+                        my_corr[corr_at(m + 1, g + 8)]};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) *r[u] = (SUM ? acc[j][u] + *r[u] : acc[j][u]) * (u < 2 ? s0 : s1) + c[u];
+  }
+}
+
+// A warp's raw sums into red (the layout of ws_store_acc), for the warpgroup that adds them.
+template <int NT>
+__device__ __forceinline__ void ws_store_raw(float* red, const float (&acc)[NT][4], int g, int t) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int m = 8 * j + 2 * t;
+    red[m * 128 + g] = acc[j][0];
+    red[(m + 1) * 128 + g] = acc[j][1];
+    red[m * 128 + g + 8] = acc[j][2];
+    red[(m + 1) * 128 + g + 8] = acc[j][3];
   }
 }
 
@@ -1447,12 +1474,17 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
 }
 
 template <int NT, bool VIEW>
-__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+__global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  // KS (nt = 16): the two warpgroups take the records in turn (even / odd), each for all 128 channels (two m64
+  // accumulators), so neither waits for the other: one decodes while the other's wgmma run.  Their sums are added in
+  // the epilogue (warpgroup 0's + warpgroup 1's).  Otherwise warpgroup h takes channels 64h..64h + 63 of every record.
+  constexpr bool KS = NT >= 16;
+  constexpr int THREADS = ws_threads<NT>();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
@@ -1471,74 +1503,99 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, VIEW ? 8 : 9);
+      mbar_init(empty + s, (KS ? 4 : 8) + (VIEW ? 0 : 1));  // the consumer warps of the slot's record (+ the producer)
     }
     mbar_init_fence();
   }
   if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  float acc[NT][4];
+  float acc[NT][4], acc2[KS ? NT : 1][4];  // acc2: KS's second m64 half (channels 64 + …)
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < (KS ? NT : 1); ++j) acc2[j][0] = acc2[j][1] = acc2[j][2] = acc2[j][3] = 0.f;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at corr_at(m, r)
-  if (warp == 8) {  // ---- producer (and escapes)
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, s_toff, s_ent, corr, toff,
-                                 tent, s_e, kps);
-  } else {  // ---- consumers
+  if (warp >= 8) {  // ---- producer (and escapes); KS: a warpgroup at 64 registers, warps 9–11 idle
+    if constexpr (KS) setmaxnreg_dec<64>();
+    if (warp == 8)
+      ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, s_toff, s_ent, corr,
+                                   toff, tent, s_e, kps);
+    if constexpr (KS) setmaxnreg_inc<168>();
+  } else {  // ---- consumers (KS: 224 registers)
+    if constexpr (KS) setmaxnreg_inc<224>();
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
-    int i = 0;
-    // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
-    // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
-    // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
-    for (; NT >= 16 && i + 1 < nrec; i += 2) {
-      const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
-      const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
-      uint32_t fa[4][4], fb[4][4];
-      mbar_wait(full + s0, (i / STAGES) & 1);
-      ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
-      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
-      ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot0));
-      ws_mma<NT>(acc, fb, saddr(slot1));
-      wg_commit();
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma)
-        mbar_arrive(empty + s0);
-        mbar_arrive(empty + s1);
+    if constexpr (KS) {  // warp q of warpgroup h: rows 16q.. of both m64 halves of records h, h + 2, …
+      const int h = warp >> 2, q = warp & 3;
+      const int w0 = XB + (16 * q + g) * 64 + 16 * t, w1 = w0 + 8 * 64;
+      const int m0n = XB + VIEW_BYTES + (16 * q + g) * 32 + 16 * (t & 1), m1n = m0n + 8 * 32;
+      for (int i = h; i < nrec; i += 2) {
+        const int s = i % STAGES;
+        mbar_wait(full + s, (i / STAGES) & 1);
+        const uint8_t* slot = ring + s * SLOT;
+        uint32_t fa[4][4];  // one fragment set (two would not fit 168 registers): the halves one after the other
+        ws_decode<VIEW>(slot, w0, w1, m0n, m1n, nkeep, fa);
+        fence_acc(acc);
+        wg_fence();
+        ws_mma<NT>(acc, fa, saddr(slot));
+        wg_commit();
+        wg_wait0();
+        ws_decode<VIEW>(slot, w0 + 64 * 64, w1 + 64 * 64, m0n + 64 * 32, m1n + 64 * 32, nkeep, fa);
+        fence_acc(acc2);
+        wg_fence();
+        ws_mma<NT>(acc2, fa, saddr(slot));
+        wg_commit();
+        wg_wait0();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
+      }
+      fence_acc(acc2);
+    } else {
+      for (int i = 0; i < nrec; ++i) {
+        const int s = i % STAGES;
+        mbar_wait(full + s, (i / STAGES) & 1);
+        const uint8_t* slot = ring + s * SLOT;
+        uint32_t fa[4][4];
+        ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+        fence_acc(acc);
+        wg_fence();
+        ws_mma<NT>(acc, fa, saddr(slot));
+        wg_commit();
+        wg_wait0();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
       }
     }
-    for (; i < nrec; ++i) {
-      const int s = i % STAGES;
-      mbar_wait(full + s, (i / STAGES) & 1);
-      const uint8_t* slot = ring + s * SLOT;
-      uint32_t fa[4][4];
-      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot));
-      wg_commit();
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
-    }
     fence_acc(acc);  // the accumulators are read only after the last wait
+    if constexpr (KS) setmaxnreg_dec<168>();
   }
   __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
-  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
-    float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
+  float* sums = reinterpret_cast<float*>(ring);
+  if constexpr (KS) {  // warpgroup 1's sums into red, then warpgroup 0's warp q finishes tiles q and q + 4
+    if (warp >= 4 && warp < 8) {
+      ws_store_raw<NT>(sums + 16 * (warp & 3), acc, g, t);
+      ws_store_raw<NT>(sums + 64 + 16 * (warp & 3), acc2, g, t);
+    }
+    __syncthreads();
+    if (warp < 4) {
+      ws_store_acc<NT, true>(sums + 16 * warp, acc, s_e + 16 * warp, corr + warp * 16 * MT, g, t);
+      ws_store_acc<NT, true>(sums + 64 + 16 * warp, acc2, s_e + 64 + 16 * warp, corr + (warp + 4) * 16 * MT, g, t);
+      __syncwarp();
+      for (int w = warp; w < 8; w += 4)
+        ws_late_escapes<VIEW>(sums + 16 * w, s_e + 16 * w, s_toff[w * (kps + 1)], s_toff[w * (kps + 1) + nrec], tent,
+                              x, ldx, m0, mcount, lane);
+    }
+  } else if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = sums + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
     ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
     const int* my_toff = s_toff + warp * (kps + 1);
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, my_toff[0], my_toff[nrec], tent, x, ldx, m0, mcount, lane);
   }
-  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
@@ -1561,7 +1618,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, WS_THREADS, smem, st>>>(
+  kern<<<grid, ws_threads<NT>(), smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
