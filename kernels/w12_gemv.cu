@@ -1205,7 +1205,8 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 constexpr int WS_ECAP = 64;  // escape entries per tile staged
 
 // Threads of a ws CTA: 8 consumer warps + the producer warp; at NT = 16 the producer is a warpgroup (warp 8 copies,
-// 9–11 idle) so that setmaxnreg can move registers to the consumers (two 64-register accumulator sets each: KS).
+// 9–11 idle) so that setmaxnreg can move registers to the consumers (two 64-register accumulator sets each: KS).  The
+// moves balance within the CTA's launch allocation (168 each): 128 · (168 − 56) = 256 · (224 − 168).
 template <int NT>
 __host__ __device__ constexpr int ws_threads() { return NT >= 16 ? 384 : 288; }
 template <int N>
@@ -1347,7 +1348,7 @@ __device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, fl
   __syncwarp();
   static_assert(WS_ECAP == 64, "two entries of each tile per lane");
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {  // two rounds of 8 loads per lane (the producer warp runs at 64 registers)
+  for (int half = 0; half < 2; ++half) {  // two rounds of 8 loads per lane (the producer warp runs at 56 registers)
     uint2 ent[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {  // tile 4·half + u / 2, entry 32·(u & 1) + lane
@@ -1516,8 +1517,8 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
 #pragma unroll
   for (int j = 0; j < (KS ? NT : 1); ++j) acc2[j][0] = acc2[j][1] = acc2[j][2] = acc2[j][3] = 0.f;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at corr_at(m, r)
-  if (warp >= 8) {  // ---- producer (and escapes); KS: a warpgroup at 64 registers, warps 9–11 idle
-    if constexpr (KS) setmaxnreg_dec<64>();
+  if (warp >= 8) {  // ---- producer (and escapes); KS: a warpgroup at 56 registers, warps 9–11 idle
+    if constexpr (KS) setmaxnreg_dec<56>();
     if (warp == 8)
       ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, s_toff, s_ent, corr,
                                    toff, tent, s_e, kps);
