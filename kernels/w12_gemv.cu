@@ -1211,6 +1211,7 @@ template <int NT>
 __host__ __device__ constexpr int ws_threads() { return NT >= 16 ? 384 : 288; }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
 
@@ -1511,11 +1512,8 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
   if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  float acc[NT][4], acc2[KS ? NT : 1][4];  // acc2: KS's second m64 half (channels 64 + …)
-#pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-  for (int j = 0; j < (KS ? NT : 1); ++j) acc2[j][0] = acc2[j][1] = acc2[j][2] = acc2[j][3] = 0.f;
+  const int mcount = min(MT, M - m0);
+  float* sums = reinterpret_cast<float*>(ring);
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at corr_at(m, r)
   if (warp >= 8) {  // ---- producer (and escapes); KS: a warpgroup at 56 registers, warps 9–11 idle
     if constexpr (KS) setmaxnreg_dec<56>();
@@ -1523,8 +1521,15 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
       ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, s_toff, s_ent, corr,
                                    toff, tent, s_e, kps);
     if constexpr (KS) setmaxnreg_inc<168>();
-  } else {  // ---- consumers (KS: 224 registers)
+    bar_sync(1, THREADS);            // (A) every slot consumed
+    if constexpr (KS) bar_sync(1, THREADS);  // (B) warpgroup 1's sums stored
+  } else {  // ---- consumers (KS: 224 registers); the accumulators live in this branch only
     if constexpr (KS) setmaxnreg_inc<224>();
+    float acc[NT][4], acc2[KS ? NT : 1][4];  // acc2: KS's second m64 half (channels 64 + …)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < (KS ? NT : 1); ++j) acc2[j][0] = acc2[j][1] = acc2[j][2] = acc2[j][3] = 0.f;
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
@@ -1571,30 +1576,28 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
     if constexpr (KS) setmaxnreg_dec<168>();
-  }
-  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
-  const int mcount = min(MT, M - m0);
-  float* sums = reinterpret_cast<float*>(ring);
-  if constexpr (KS) {  // warpgroup 1's sums into red, then warpgroup 0's warp q finishes tiles q and q + 4
-    if (warp >= 4 && warp < 8) {
-      ws_store_raw<NT>(sums + 16 * (warp & 3), acc, g, t);
-      ws_store_raw<NT>(sums + 64 + 16 * (warp & 3), acc2, g, t);
-    }
-    __syncthreads();
-    if (warp < 4) {
-      ws_store_acc<NT, true>(sums + 16 * warp, acc, s_e + 16 * warp, corr + warp * 16 * MT, g, t);
-      ws_store_acc<NT, true>(sums + 64 + 16 * warp, acc2, s_e + 64 + 16 * warp, corr + (warp + 4) * 16 * MT, g, t);
+    bar_sync(1, THREADS);  // (A) every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
+    if constexpr (KS) {  // warpgroup 1's sums into the ring, then warpgroup 0's warp q finishes tiles q and q + 4
+      if (warp >= 4) {
+        ws_store_raw<NT>(sums + 16 * (warp & 3), acc, g, t);
+        ws_store_raw<NT>(sums + 64 + 16 * (warp & 3), acc2, g, t);
+      }
+      bar_sync(1, THREADS);  // (B)
+      if (warp < 4) {
+        ws_store_acc<NT, true>(sums + 16 * warp, acc, s_e + 16 * warp, corr + warp * 16 * MT, g, t);
+        ws_store_acc<NT, true>(sums + 64 + 16 * warp, acc2, s_e + 64 + 16 * warp, corr + (warp + 4) * 16 * MT, g, t);
+        __syncwarp();
+        for (int w = warp; w < 8; w += 4)
+          ws_late_escapes<VIEW>(sums + 16 * w, s_e + 16 * w, s_toff[w * (kps + 1)], s_toff[w * (kps + 1) + nrec],
+                                tent, x, ldx, m0, mcount, lane);
+      }
+    } else {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+      float* red = sums + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
+      ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
       __syncwarp();
-      for (int w = warp; w < 8; w += 4)
-        ws_late_escapes<VIEW>(sums + 16 * w, s_e + 16 * w, s_toff[w * (kps + 1)], s_toff[w * (kps + 1) + nrec], tent,
-                              x, ldx, m0, mcount, lane);
+      const int* my_toff = s_toff + warp * (kps + 1);
+      ws_late_escapes<VIEW>(red, s_e + 16 * warp, my_toff[0], my_toff[nrec], tent, x, ldx, m0, mcount, lane);
     }
-  } else if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
-    float* red = sums + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
-    __syncwarp();
-    const int* my_toff = s_toff + warp * (kps + 1);
-    ws_late_escapes<VIEW>(red, s_e + 16 * warp, my_toff[0], my_toff[nrec], tent, x, ldx, m0, mcount, lane);
   }
   finish_tile<128, MT, THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
