@@ -1202,18 +1202,7 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
 // What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
 // call with no decode at all; the ring alone ~60 %.)
-constexpr int WS_ECAP = 64;  // escape entries per tile staged
-
-// Threads of a ws CTA: 8 consumer warps + the producer warp; at NT = 16 the producer is a warpgroup (warp 8 copies,
-// 9–11 idle) so that setmaxnreg can move registers to the consumers (two 64-register accumulator sets each: KS).  The
-// moves balance within the CTA's launch allocation (168 each): 128 · (168 − 56) = 256 · (224 − 168).
-template <int NT>
-__host__ __device__ constexpr int ws_threads() { return NT >= 16 ? 384 : 288; }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -1269,6 +1258,28 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 
 // ---- the ws kernel's pieces
 
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
+template <int NT, bool VIEW, int STAGES>
+__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
+                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
+                                           int lane) {
+  constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
+  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
+  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
+  const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
+  for (int i = 0; i < nrec; ++i) {
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+    if (lane == 0) {
+      uint8_t* slot = ring + s * SLOT;
+      mbar_expect(full + s, XB + WBYTES);
+      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+    }
+    __syncwarp();
+  }
+}
+
 // The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
 template <bool VIEW>
 __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, int n0, int n1, uint32_t nkeep,
@@ -1293,167 +1304,66 @@ __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)
   for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
 }
 
-// corr [MT][16] of a tile: X row m, channel r at m·16 + (r ^ (m & 15)) — the escape warp's lanes (rows m, one channel)
-// land on 16 banks, not 2.
-__device__ __forceinline__ int corr_at(int m, int r) { return m * 16 + (r ^ (m & 15)); }
-
-// Record a + i's escapes of one tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot (s_ew: the
-// tile's 16 exponents).  Per entry, the warp's X loads first, then its corr loads, then the stores: each round in
-// flight at once.
+// Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
+// (s_ew: the tile's 16 exponents).
 template <int MT>
 __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
                                            const uint8_t* slot, const uint8_t* s_ew, float* my_corr, int lane) {
-  constexpr int R = (MT + 31) / 32;  // X rows per lane
   const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
   for (int e = i0; e < i1; ++e) {
     const uint2 en = my_ent[e];
     const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
     const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
     const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
-    float xv[R], cv[R];
-#pragma unroll
-    for (int j = 0; j < R; ++j) {
-      const int m = min(lane + 32 * j, MT - 1);
-      xv[j] = __bfloat162float(__ushort_as_bfloat16(*reinterpret_cast<const uint16_t*>(slot + x_off(m, col))));
-      cv[j] = my_corr[corr_at(m, rl)];
+    for (int m = lane; m < MT; m += 32) {
+      const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+      my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
     }
-#pragma unroll
-    for (int j = 0; j < R; ++j)
-      if (lane + 32 * j < MT) my_corr[corr_at(lane + 32 * j, rl)] = fmaf(xv[j], d, cv[j]);
   }
 }
 
-// The escape warp's prologue (W12 only), for the CTA's 8 tiles of 16 channels (tile w: consumer warp w's channels):
-// the per-record offsets s_toff[w][0..nrec] (toff of tile nb·8 + w), the first WS_ECAP entries of each tile's list
-// into s_ent[w].  Two round trips: each round's loads all land in registers before any store (a load
-// after a shared store would wait for it), so every load of a round is in flight at once.  The consumers start
-// meanwhile.
-template <int MT>
-__device__ __forceinline__ void ws_escape_prologue(int* s_toff, uint2* s_ent, float* corr, const int32_t* toff,
-                                                   const int32_t* tent, int nb, int KB, int a, int nrec, int kps,
-                                                   int lane) {
-  const int n1 = nrec + 1;
-  for (int base = 0; base < 8 * n1; base += 8 * 32) {
-    int v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int idx = base + 32 * u + lane;
-      v[u] = idx < 8 * n1 ? __ldg(toff + (long)(nb * 8 + idx / n1) * KB + a + idx % n1) : 0;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int idx = base + 32 * u + lane;
-      if (idx < 8 * n1) s_toff[idx / n1 * (kps + 1) + idx % n1] = v[u];
-    }
+// A consumer warp's escape prologue (escape_prologue's, with the second round trip left in flight): the per-record
+// offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
+// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
+static_assert(WS_ECAP == 64, "two staged entries per lane");
+template <int MT, bool VIEW>
+__device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr, const int32_t* toff, const int32_t* tent,
+                                                   int c, int KB, int a, int nrec, int lane, int& e_lo, int& e_hi,
+                                                   uint2 (&ent)[2]) {
+  ent[0] = ent[1] = make_uint2(0u, 0u);
+  if constexpr (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    const int cnt = min(WS_ECAP, e_hi - e_lo);
+    if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
+    if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
   }
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
   __syncwarp();
-  static_assert(WS_ECAP == 64, "two entries of each tile per lane");
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {  // two rounds of 8 loads per lane (the producer warp runs at 56 registers)
-    uint2 ent[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {  // tile 4·half + u / 2, entry 32·(u & 1) + lane
-      const int* t = s_toff + (4 * half + u / 2) * (kps + 1);
-      const int j = 32 * (u & 1) + lane;
-      ent[u] = j < t[nrec] - t[0] ? *reinterpret_cast<const uint2*>(tent + 2 * (long)(t[0] + j)) : make_uint2(0u, 0u);
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) s_ent[256 * half + 32 * u + lane] = ent[u];
-  }
 }
 
-// Record a + i's escapes of all 8 tiles into their corr [MT][16] in list order, X from its slot: lane w < 8 looks up
-// tile w's staged entries of the record, one ballot names the tiles that have any (real weights: about one escape
-// per record).
-template <int MT>
-__device__ __forceinline__ void ws_record_escapes(const uint8_t* slot, const int* s_toff, const uint2* s_ent,
-                                                  float* corr, const uint8_t* s_e, int a, int i, int nrec, int kps,
-                                                  int lane) {
-  const int* my_t = s_toff + min(lane, 7) * (kps + 1);
-  const bool any = lane < 8 && min(my_t[i + 1] - my_t[0], WS_ECAP) > my_t[i] - my_t[0];
-  for (uint32_t mask = __ballot_sync(0xFFFFFFFFu, any); mask; mask &= mask - 1) {
-    const int w = __ffs(mask) - 1;
-    const int* t = s_toff + w * (kps + 1);
-    ws_escapes<MT>(t, s_ent + w * WS_ECAP, t[0], i, a, slot, s_e + 16 * w, corr + w * 16 * MT, lane);
-  }
-}
-
-// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty`
-// completed.  It is also the CTA's escape warp (W12): before it reuses a slot it applies the escapes of the record
-// that slot held (ws_record_escapes) and arrives on `empty` itself (9 arrivals: 8 consumer warps + this one), so the
-// escapes stay off the consumers' chain; the last STAGES records' escapes follow the last copy.  The staging
-// (ws_escape_prologue) and corr's zeroing run after the first STAGES copies are in flight.
-template <int NT, bool VIEW, int STAGES>
-__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
-                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane, int* s_toff, uint2* s_ent, float* corr, const int32_t* toff,
-                                           const int32_t* tent, const uint8_t* s_e, int kps) {
-  constexpr int MT = 8 * NT, XB = MT * 128, SLOT = ws_slot<NT>();
-  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
-  const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
-  auto setup = [&]() {
-    for (int i = lane; i < 8 * 16 * MT / 4; i += 32) reinterpret_cast<float4*>(corr)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (!VIEW) ws_escape_prologue<MT>(s_toff, s_ent, corr, toff, tent, nb, KB, a, nrec, kps, lane);
-    __syncwarp();
-  };
-  auto escapes = [&](int j) {  // record j's, once its copy landed
-    const int s = j % STAGES;
-    mbar_wait(full + s, (j / STAGES) & 1);
-    ws_record_escapes<MT>(ring + s * SLOT, s_toff, s_ent, corr, s_e, a, j, nrec, kps, lane);
-    __syncwarp();
-  };
-  for (int i = 0; i < nrec; ++i) {
-    const int s = i % STAGES;
-    if (i >= STAGES) {
-      if (i == STAGES) setup();
-      if (!VIEW) {
-        escapes(i - STAGES);
-        if (lane == 0) mbar_arrive(empty + s);
-      }
-      mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-    }
-    if (lane == 0) {
-      uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, XB + WBYTES);
-      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
-    }
-    __syncwarp();
-  }
-  if (nrec <= STAGES) setup();
-  if (!VIEW)
-    for (int j = max(0, nrec - STAGES); j < nrec; ++j) escapes(j);
+// The staged entries into shared memory (n = e_hi − e_lo), before the first record's escapes.
+__device__ __forceinline__ void ws_stage_entries(uint2* my_ent, const uint2 (&ent)[2], int n, int lane) {
+  if (lane < n) my_ent[lane] = ent[0];
+  if (lane + 32 < n && lane + 32 < WS_ECAP) my_ent[lane + 32] = ent[1];
+  __syncwarp();
 }
 
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
-// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).  SUM: the other
-// warpgroup's sums already lie in red (ws_store_raw), sum = acc + red, in that order.
-template <int NT, bool SUM = false>
+// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).
+template <int NT>
 __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
                                              const float* my_corr, int g, int t) {
   const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + 2 * t;
-    float* r[4] = {red + m * 128 + g, red + (m + 1) * 128 + g, red + m * 128 + g + 8, red + (m + 1) * 128 + g + 8};
-    const float c[4] = {my_corr[corr_at(m, g)], my_corr[corr_at(m + 1, g)], my_corr[corr_at(m, g + 8)],
-                        my_corr[corr_at(m + 1, g + 8)]};
-#pragma unroll
-    for (int u = 0; u < 4; ++u) *r[u] = (SUM ? acc[j][u] + *r[u] : acc[j][u]) * (u < 2 ? s0 : s1) + c[u];
-  }
-}
-
-// A warp's raw sums into red (the layout of ws_store_acc), for the warpgroup that adds them.
-template <int NT>
-__device__ __forceinline__ void ws_store_raw(float* red, const float (&acc)[NT][4], int g, int t) {
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int m = 8 * j + 2 * t;
-    red[m * 128 + g] = acc[j][0];
-    red[(m + 1) * 128 + g] = acc[j][1];
-    red[m * 128 + g + 8] = acc[j][2];
-    red[(m + 1) * 128 + g + 8] = acc[j][3];
+    red[m * 128 + g] = acc[j][0] * s0 + my_corr[m * 16 + g];
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
+    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
   }
 }
 
@@ -1476,17 +1386,12 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
 }
 
 template <int NT, bool VIEW>
-__global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  // KS (nt = 16): the two warpgroups take the records in turn (even / odd), each for all 128 channels (two m64
-  // accumulators), so neither waits for the other: one decodes while the other's wgmma run.  Their sums are added in
-  // the epilogue (warpgroup 0's + warpgroup 1's).  Otherwise warpgroup h takes channels 64h..64h + 63 of every record.
-  constexpr bool KS = NT >= 16;
-  constexpr int THREADS = ws_threads<NT>();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
@@ -1505,101 +1410,86 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, (KS ? 4 : 8) + (VIEW ? 0 : 1));  // the consumer warps of the slot's record (+ the producer)
+      mbar_init(empty + s, 8);
     }
     mbar_init_fence();
   }
   if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  const int mcount = min(MT, M - m0);
-  float* sums = reinterpret_cast<float*>(ring);
-  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at corr_at(m, r)
-  if (warp >= 8) {  // ---- producer (and escapes); KS: a warpgroup at 56 registers, warps 9–11 idle
-    if constexpr (KS) setmaxnreg_dec<56>();
-    if (warp == 8)
-      ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, s_toff, s_ent, corr,
-                                   toff, tent, s_e, kps);
-    if constexpr (KS) setmaxnreg_inc<168>();
-    bar_sync(1, THREADS);            // (A) every slot consumed
-    if constexpr (KS) bar_sync(1, THREADS);  // (B) warpgroup 1's sums stored
-  } else {  // ---- consumers (KS: 224 registers); the accumulators live in this branch only
-    if constexpr (KS) setmaxnreg_inc<224>();
-    float acc[NT][4], acc2[KS ? NT : 1][4];  // acc2: KS's second m64 half (channels 64 + …)
+  float acc[NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < (KS ? NT : 1); ++j) acc2[j][0] = acc2[j][1] = acc2[j][2] = acc2[j][3] = 0.f;
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  int e_lo = 0, e_hi = 0;
+  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
+  if (warp == 8) {  // ---- producer
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
+  } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
-    if constexpr (KS) {  // warp q of warpgroup h: rows 16q.. of both m64 halves of records h, h + 2, …
-      const int h = warp >> 2, q = warp & 3;
-      const int w0 = XB + (16 * q + g) * 64 + 16 * t, w1 = w0 + 8 * 64;
-      const int m0n = XB + VIEW_BYTES + (16 * q + g) * 32 + 16 * (t & 1), m1n = m0n + 8 * 32;
-      for (int i = h; i < nrec; i += 2) {
-        const int s = i % STAGES;
-        mbar_wait(full + s, (i / STAGES) & 1);
-        const uint8_t* slot = ring + s * SLOT;
-        uint32_t fa[4][4];  // one fragment set (two would not fit 168 registers): the halves one after the other
-        ws_decode<VIEW>(slot, w0, w1, m0n, m1n, nkeep, fa);
-        fence_acc(acc);
-        wg_fence();
-        ws_mma<NT>(acc, fa, saddr(slot));
-        wg_commit();
-        wg_wait0();
-        ws_decode<VIEW>(slot, w0 + 64 * 64, w1 + 64 * 64, m0n + 64 * 32, m1n + 64 * 32, nkeep, fa);
-        fence_acc(acc2);
-        wg_fence();
-        ws_mma<NT>(acc2, fa, saddr(slot));
-        wg_commit();
-        wg_wait0();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
+    int* my_toff = s_toff + warp * (kps + 1);
+    uint2* my_ent = s_ent + warp * WS_ECAP;
+    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
+    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
+    int i = 0;
+    // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
+    // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
+    // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
+    for (; NT >= 16 && i + 1 < nrec; i += 2) {
+      const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
+      const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
+      uint32_t fa[4][4], fb[4][4];
+      mbar_wait(full + s0, (i / STAGES) & 1);
+      ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
+      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
+      ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot0));
+      ws_mma<NT>(acc, fb, saddr(slot1));
+      wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
-      fence_acc(acc2);
-    } else {
-      for (int i = 0; i < nrec; ++i) {
-        const int s = i % STAGES;
-        mbar_wait(full + s, (i / STAGES) & 1);
-        const uint8_t* slot = ring + s * SLOT;
-        uint32_t fa[4][4];
-        ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-        fence_acc(acc);
-        wg_fence();
-        ws_mma<NT>(acc, fa, saddr(slot));
-        wg_commit();
-        wg_wait0();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
+        mbar_arrive(empty + s0);
+        mbar_arrive(empty + s1);
       }
+    }
+    for (; i < nrec; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(full + s, (i / STAGES) & 1);
+      const uint8_t* slot = ring + s * SLOT;
+      uint32_t fa[4][4];
+      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot));
+      wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
-    if constexpr (KS) setmaxnreg_dec<168>();
-    bar_sync(1, THREADS);  // (A) every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
-    if constexpr (KS) {  // warpgroup 1's sums into the ring, then warpgroup 0's warp q finishes tiles q and q + 4
-      if (warp >= 4) {
-        ws_store_raw<NT>(sums + 16 * (warp & 3), acc, g, t);
-        ws_store_raw<NT>(sums + 64 + 16 * (warp & 3), acc2, g, t);
-      }
-      bar_sync(1, THREADS);  // (B)
-      if (warp < 4) {
-        ws_store_acc<NT, true>(sums + 16 * warp, acc, s_e + 16 * warp, corr + warp * 16 * MT, g, t);
-        ws_store_acc<NT, true>(sums + 64 + 16 * warp, acc2, s_e + 64 + 16 * warp, corr + (warp + 4) * 16 * MT, g, t);
-        __syncwarp();
-        for (int w = warp; w < 8; w += 4)
-          ws_late_escapes<VIEW>(sums + 16 * w, s_e + 16 * w, s_toff[w * (kps + 1)], s_toff[w * (kps + 1) + nrec],
-                                tent, x, ldx, m0, mcount, lane);
-      }
-    } else {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
-      float* red = sums + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-      ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
-      __syncwarp();
-      const int* my_toff = s_toff + warp * (kps + 1);
-      ws_late_escapes<VIEW>(red, s_e + 16 * warp, my_toff[0], my_toff[nrec], tent, x, ldx, m0, mcount, lane);
-    }
   }
-  finish_tile<128, MT, THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
+  const int mcount = min(MT, M - m0);
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+    float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
+    ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
+    __syncwarp();
+    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
+  }
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
@@ -1622,7 +1512,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, ws_threads<NT>(), smem, st>>>(
+  kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
   return cudaGetLastError();
