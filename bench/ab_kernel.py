@@ -7,9 +7,11 @@ A change to the skinny kernel that must not change a bit (an epilogue, a load qu
 against the build it replaces in the same process, not against a table from another day (run-to-run spread on the
 H200 is about ±2 %). --build writes one library per NAME (REV: a git revision, or `worktree` for the file as it is
 now) with cuda_build's flags but -lineinfo. On the GPU, for every shape of bench/kernels.py and every M of --m, W12
-and view, with the config gemm_cuda dispatches: every library's output must be the first library's bits; then each
-is timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) in --rounds interleaved rounds
-(the median round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md.
+and view, with the config gemm_cuda dispatches: every library's output is compared with the first library's bits
+(one with other bits is listed — its largest difference, and whether it repeats its own bits — and its cells marked
+≠); then each is timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) in --rounds
+interleaved rounds (the median round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md, rewritten after every
+row so that a call that dies (a kernel that faults or hangs: run it under `timeout`) keeps what it measured.
 """
 
 import argparse
@@ -74,6 +76,30 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
     keys = [(m, view) for m in ms for view in (False, True)]
     ratios = {(name, key): [] for name in names for key in keys}
     lines, mismatches = [], []
+
+    def report(done=False):  # OUT/fname, rewritten after every row: a call that dies keeps what it measured
+        geo = {key: math.exp(sum(map(math.log, r)) / len(r)) if r else float("nan") for key, r in ratios.items()}
+        bits = (f"every library gave {names[0]}'s bits on every shape and M (W12 and view)" if not mismatches
+                else "see the list at the end (cells marked ≠)")
+        text = "\n".join([
+            f"# {title} — {datetime.date.today()}", "",
+            *([] if done else [f"**Incomplete**: written after {len(lines)} rows.", ""]),
+            f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
+            f"commit {os.environ.get('W12_REV', '?')}",
+            f"- command: {command}",
+            f"- bits: {bits}; µs: CUDA graph replay, do_bench, L2 flushed, median of {rounds} interleaved rounds; "
+            "configs as dispatched (gemm_cuda.dispatched_config)", "",
+            "| geomean vs cuBLAS | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
+            *(f"| M = {m} {'view' if view else 'W12'} | " + " | ".join(f"{geo[(v, (m, view))]:.3f}" for v in names)
+              + " |" for m, view in keys), "",
+            "| N×K | M | cuBLAS µs | " + " | ".join(f"W12 {v}" for v in names) + " | "
+            + " | ".join(f"view {v}" for v in names) + " |",
+            "|---" * (3 + 2 * len(names)) + "|", *lines,
+            *(["", f"Not {names[0]}'s bits:", *mismatches] if mismatches else [])]) + "\n"
+        with open(os.path.join(out, fname), "w") as fh:
+            fh.write(text)
+        return text
+
     for si, (n, k) in enumerate(SHAPES):
         mt = Mat(n, k, 300 + si)
         for m in ms:
@@ -108,26 +134,10 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             row = f"| {n}×{k} | {m} | {t_cb:.1f} | " + " | ".join(cells) + " |"
             print(row, flush=True)
             lines.append(row)
+            report()
         del mt
         torch.cuda.empty_cache()
-    geo = {key: math.exp(sum(map(math.log, r)) / len(r)) for key, r in ratios.items()}
-    text = "\n".join([
-        f"# {title} — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
-        f"- command: {command}",
-        f"- bits: {'every library gave ' + names[0] + chr(39) + 's bits on every shape and M (W12 and view)' if not mismatches else 'see the list at the end (cells marked ≠)'}; "
-        f"µs: CUDA graph replay, do_bench, L2 flushed, median of {rounds} interleaved rounds; configs as dispatched "
-        "(gemm_cuda.dispatched_config)", "",
-        "| geomean vs cuBLAS | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|",
-        *(f"| M = {m} {'view' if view else 'W12'} | " + " | ".join(f"{geo[(v, (m, view))]:.3f}" for v in names) + " |"
-          for m, view in keys), "",
-        "| N×K | M | cuBLAS µs | " + " | ".join(f"W12 {v}" for v in names) + " | "
-        + " | ".join(f"view {v}" for v in names) + " |",
-        "|---" * (3 + 2 * len(names)) + "|", *lines,
-        *(["", f"Not {names[0]}'s bits:", *mismatches] if mismatches else [])]) + "\n"
-    with open(os.path.join(out, fname), "w") as fh:
-        fh.write(text)
-    print(text)
+    print(report(done=True), flush=True)
 
 
 def build_or_run(doc: str, build, run):

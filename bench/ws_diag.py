@@ -16,6 +16,8 @@ Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws c
   13 mma only, no escapes
   16 no ring       the producer copies nothing and the consumers do not wait for it (stale shared memory): the
                    consumers' chain alone; 24 = no ring, no escapes; 28 = mma only, no ring, no escapes
+  32 offset        warpgroup 1 starts ~400 clocks after warpgroup 0 (a spin on clock64): out of lockstep while
+                   nothing re-synchronizes them (no ring); 56 = 24 + offset, 60 = 28 + offset
   new*             kernels/w12_gemv.cu at --new NAME=REV (default: the worktree): must give the full build's bits
 If time(full) ≈ time(no decode) + time(no mma) − time(neither), the decode and the MMAs do not overlap.
 """
@@ -34,7 +36,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only", 8: "no escapes",
-            13: "mma only, no escapes", 24: "no ring, no escapes", 28: "mma only, no ring, no escapes"}
+            13: "mma only, no escapes", 24: "no ring, no escapes", 28: "mma only, no ring, no escapes",
+            56: "no ring, no escapes, offset", 60: "mma only, no ring, no escapes, offset"}
 CASES = [(151936, 5120, 32), (151936, 5120, 128), (28672, 4096, 32), (28672, 4096, 128), (6144, 4096, 32),
          (6144, 4096, 128), (4096, 14336, 64)]
 BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"), (300, 1088, 20, "WsConfig(4, 3)"),
@@ -55,6 +58,8 @@ WAIT = """      mbar_wait(full + s, (i / STAGES) & 1);
       const uint8_t* slot = ring + s * SLOT;
 """
 PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);\n"
+START = """    int i = 0;
+    // At nt = 16, records two at a time"""
 PAIRS = "for (; NT >= 16 && i + 1 < nrec; i += 2)"  # the nt = 16 record-pair loop: off in every diag variant
 PATCH = """#if W12_WS_DIAG & 4
 #pragma unroll
@@ -104,9 +109,11 @@ PATCH = """#if W12_WS_DIAG & 4
 def variant_source(diag: int) -> str:
     src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
                          text=True).stdout
-    assert all(src.count(s) == 1 for s in (ANCHOR, PAIRS, WAIT, PRODUCE)), "the ws loop changed: update bench/ws_diag.py"
+    assert all(src.count(s) == 1 for s in (ANCHOR, PAIRS, WAIT, PRODUCE, START)), "the ws loop changed: update ws_diag"
     src = src.replace(ANCHOR, PATCH).replace(PAIRS, PAIRS.replace("NT >= 16", "false"))
     src = src.replace(WAIT, "#if !(W12_WS_DIAG & 16)\n" + WAIT.replace("\n      const", "\n#endif\n      const"))
+    src = src.replace(START, "#if W12_WS_DIAG & 32\n    if (warp >= 4) {\n      const long long t0 = clock64();\n"
+                      "      while (clock64() - t0 < 400) {}\n    }\n#endif\n" + START)
     src = src.replace(PRODUCE, "#if !(W12_WS_DIAG & 16)\n" + PRODUCE + "#endif\n")
     return f"#define W12_WS_DIAG {diag}\n" + src
 
