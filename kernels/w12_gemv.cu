@@ -1201,7 +1201,14 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // wgmma (wait_group 1, fragments alternating between two register sets in a loop unrolled by two — legal, and ptxas
 // does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
 // What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
-// call with no decode at all; the ring alone ~60 %.)
+// call with no decode at all; the ring alone ~60 %.  Finer, 2026-12-03-ws-diag2-h200-s21.md (151936×5120, ns per
+// record per SM): full 746, without the in-loop escapes 684, without the ring too 561, and with constant fragments
+// (wgmma alone) 393 against ~280 for the tensor cores' dense rate — the decode adds to the chain, it does not overlap
+// the wgmma, and both warpgroups wait on the same slot, so they run in lockstep.  Measured slower, session 21
+// (2026-12-03-ab-*-s21.md): the escapes in a tenth warp or in the producer warp (−3 % and −11 % at M = 32, −3 % at
+// M = 128: that warp's wait and its slot release sit on the ring), and KS — the two warpgroups taking records in
+// turn, each for all 128 channels, setmaxnreg 56/224 — 0.79–0.85× on the shapes it finished before a launch failure;
+// 2397d02, 3784e4f, 80984cb.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
