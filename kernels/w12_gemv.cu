@@ -1329,19 +1329,6 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
-// The first record j ≥ from (of nrec) with staged escapes of this warp's tile — my_toff[j + 1] > my_toff[j] and
-// my_toff[j] − e_lo < WS_ECAP — or nrec: 32 records per ballot, warp-uniform.  The main loop calls ws_escapes only
-// there (about one record in eight in real weights), not on every record.
-__device__ __forceinline__ int ws_next_escape(const int* my_toff, int e_lo, int from, int nrec, int lane) {
-  for (int j0 = from; j0 < nrec; j0 += 32) {
-    const int j = j0 + lane;
-    const bool has = j < nrec && my_toff[j + 1] > my_toff[j] && my_toff[j] - e_lo < WS_ECAP;
-    const uint32_t m = __ballot_sync(0xFFFFFFFFu, has);
-    if (m) return j0 + __ffs(m) - 1;
-  }
-  return nrec;
-}
-
 // A consumer warp's escape prologue (escape_prologue's, with the second round trip left in flight): the per-record
 // offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
 // l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
@@ -1452,7 +1439,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    int i = 0, nxt = VIEW ? nrec : ws_next_escape(my_toff, e_lo, 0, nrec, lane);  // the next record with escapes
+    int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
     // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
@@ -1471,14 +1458,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        if (nxt == i) {
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
-          nxt = ws_next_escape(my_toff, e_lo, i + 1, nrec, lane);
-        }
-        if (nxt == i + 1) {
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
-          nxt = ws_next_escape(my_toff, e_lo, i + 2, nrec, lane);
-        }
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
@@ -1499,10 +1480,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        if (nxt == i) {
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
-          nxt = ws_next_escape(my_toff, e_lo, i + 1, nrec, lane);
-        }
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
