@@ -17,7 +17,7 @@ Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws c
   16 no ring       the producer copies nothing and the consumers do not wait for it (stale shared memory): the
                    consumers' chain alone; 24 = no ring, no escapes; 28 = mma only, no ring, no escapes
   32 offset        warpgroup 1 starts ~400 clocks after warpgroup 0 (a spin on clock64): out of lockstep while
-                   nothing re-synchronizes them (no ring); 56 = 24 + offset, 60 = 28 + offset
+                   nothing re-synchronizes them (a ring that keeps ahead); 56 = 24 + offset, 60 = 28 + offset
   new*             kernels/w12_gemv.cu at --new NAME=REV (default: the worktree): must give the full build's bits
 If time(full) ≈ time(no decode) + time(no mma) − time(neither), the decode and the MMAs do not overlap.
 """
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only", 8: "no escapes",
             13: "mma only, no escapes", 24: "no ring, no escapes", 28: "mma only, no ring, no escapes",
-            56: "no ring, no escapes, offset", 60: "mma only, no ring, no escapes, offset"}
+            32: "offset", 56: "no ring, no escapes, offset", 60: "mma only, no ring, no escapes, offset"}
 CASES = [(151936, 5120, 32), (151936, 5120, 128), (28672, 4096, 32), (28672, 4096, 128), (6144, 4096, 32),
          (6144, 4096, 128), (4096, 14336, 64)]
 BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"), (300, 1088, 20, "WsConfig(4, 3)"),
