@@ -18,7 +18,8 @@ Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws c
                    consumers' chain alone; 24 = no ring, no escapes; 28 = mma only, no ring, no escapes
   32 offset        warpgroup 1 starts ~400 clocks after warpgroup 0 (a spin on clock64): out of lockstep while
                    nothing re-synchronizes them (a ring that keeps ahead); 56 = 24 + offset, 60 = 28 + offset
-  new*             kernels/w12_gemv.cu at --new NAME=REV (default: the worktree): must give the full build's bits
+  new*             kernels/w12_gemv.cu at --new NAME=REV (a revision or `worktree`): must give the full build's bits
+--variants picks which to build (0 always; all of them: ~4 MB each, near the device's 64 MiB carry).
 If time(full) ≈ time(no decode) + time(no mma) − time(neither), the decode and the MMAs do not overlap.
 """
 
