@@ -1,7 +1,7 @@
 """Where the ws kernel's time per record goes: the landed kernel beside builds with parts of its main loop removed
 (wrong results, timing only). One GPU call.
 
-    python bench/ws_diag.py --build DIR [--new NAME=REV ...]     # here (nvcc): one library per variant
+    python bench/ws_diag.py --build DIR [--variants 0,24,28] [--new NAME=REV ...]   # here (nvcc): a library each
     W12_CUDA=1 python bench/ws_diag.py --libs DIR [--out OUT]    # on the GPU
 
 Variants (bits of W12_WS_DIAG, patched into a copy of kernels/w12_gemv.cu's ws consumer loop):
