@@ -55,9 +55,7 @@ ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       }
       wg_wait0();
 """
-WAIT = """      mbar_wait(full + s, (i / STAGES) & 1);
-      const uint8_t* slot = ring + s * SLOT;
-"""
+WAIT = "      mbar_wait(full + s, (i / STAGES) & 1);\n"  # the consumers' wait in the one-record loop
 PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);\n"
 START = """    int i = 0;
     // At nt = 16, records two at a time"""
@@ -112,10 +110,10 @@ def variant_source(diag: int) -> str:
                          text=True).stdout
     assert all(src.count(s) == 1 for s in (ANCHOR, PAIRS, WAIT, PRODUCE, START)), "the ws loop changed: update ws_diag"
     src = src.replace(ANCHOR, PATCH).replace(PAIRS, PAIRS.replace("NT >= 16", "false"))
-    src = src.replace(WAIT, "#if !(W12_WS_DIAG & 16)\n" + WAIT.replace("\n      const", "\n#endif\n      const"))
-    src = src.replace(START, "#if W12_WS_DIAG & 32\n    if (warp >= 4) {\n      const long long t0 = clock64();\n"
-                      "      while (clock64() - t0 < 400) {}\n    }\n#endif\n" + START)
-    src = src.replace(PRODUCE, "#if !(W12_WS_DIAG & 16)\n" + PRODUCE + "#endif\n")
+    offset = "    if (warp >= 4) {\n      const long long t0 = clock64();\n      while (clock64() - t0 < 400) {}\n    }\n"
+    for text, cond, code in [(WAIT, "!(W12_WS_DIAG & 16)", WAIT), (PRODUCE, "!(W12_WS_DIAG & 16)", PRODUCE),
+                             (START, "W12_WS_DIAG & 32", offset)]:  # code under #if cond, in place of / before text
+        src = src.replace(text, f"#if {cond}\n{code}#endif\n" + (text if code is not text else ""))
     return f"#define W12_WS_DIAG {diag}\n" + src
 
 
