@@ -78,9 +78,6 @@ __device__ __forceinline__ uint64_t weight_policy(int pct) {
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
@@ -366,36 +363,23 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
   }
 }
 
-// The X words of warp 0's escape entries for warp0_finish, fetched during the main loop (warp 0's first
-// iteration, when lane j's entry has landed in s_ent[j]) so that the tile's end waits for no load: lane j
-// copies the 4-byte pair holding x[m0 + m, col_j] into s_xe[m][j] (m < mcount ≤ 2; cp.async, no register held).
-__device__ __forceinline__ void escape_x_prefetch(uint32_t (&s_xe)[2][32], const uint2* s_ent, int ne,
-                                                  const __nv_bfloat16* x, int ldx, int m0, int mcount, int lane) {
-  cp_async_wait_all();  // this lane's entry (its cp.async at the kernel's start)
-  if (lane < ne) {
-    const __nv_bfloat16* p = x + (size_t)m0 * ldx + (s_ent[lane].x & 0xFFFFFEu);  // the even column of the pair
-    cp_async4(&s_xe[0][lane], p);
-    if (mcount > 1) cp_async4(&s_xe[1][lane], p + ldx);
-  }
-}
-
 // The skinny kernel's end for M ≤ 2 rows of X and ≤ 32 escapes (ne), in warp 0 after the barrier that
 // completes red: lane l = 16m + r returns output (r, m) = (Σ_w red[w][r][m]) · 2^(E_r − 127), then
 // + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
-// same order, so the same bits, without its barriers.  Lane j stages entry j (w − w_code and its X values, from
-// the words escape_x_prefetch left in s_xe) in s_esc[3][32]; one ballot per row gives lane r its row's entries.
+// same order, so the same bits, without its barriers.  Lane j stages entry j (w − w_code and its X words, all
+// entries' loads in flight at once) in s_esc[3][32]; one ballot per row gives lane r its row's entries.
 template <int WARPS, int MT>
 __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const uint2* s_ent,
-                                              const uint32_t (&s_xe)[2][32], float (&s_esc)[3][32], int ne,
+                                              float (&s_esc)[3][32], int ne, const __nv_bfloat16* x, int ldx, int m0,
                                               int mcount, int lane) {
   const int r = lane & 15, m = lane >> 4;
   int er = -1;
   if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) -> s_esc[0] = w − w_code, [1 + m] = x[m0 + m, col]
     const uint2 en = s_ent[lane];
-    const int half = 16 * (int)(en.x & 1u);  // the column's bf16 in its pair (the lower address in the low half)
+    const int col = (int)(en.x & 0xFFFFFFu);
     er = (int)(en.x >> 24);
-    const float x0 = __uint_as_float((s_xe[0][lane] >> half) << 16);
-    const float x1 = mcount > 1 ? __uint_as_float((s_xe[1][lane] >> half) << 16) : 0.f;
+    const float x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
+    const float x1 = mcount > 1 ? __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
     s_esc[0][lane] =
         __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
     s_esc[1][lane] = x0;
@@ -441,7 +425,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
-  __shared__ uint32_t s_xe[2][32];            // their X words (escape_x_prefetch)
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -501,13 +484,10 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
-  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way.  Warp 0
-  // fetches its escapes' X words (warp0_finish's) in its first iteration, so that the tile's end waits for none.
+  // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
     ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-    if (!VIEW && NT == 1 && kb0 == a && min(MT, M - m0) <= 2 && e_hi - e_lo <= 32)  // warp 0 (kb0 starts at a + warp)
-      escape_x_prefetch(s_xe, s_ent, e_hi - e_lo, x, ldx, m0, min(MT, M - m0), lane);
     gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   }
@@ -529,7 +509,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_xe, s_esc, e_hi - e_lo, mcount, lane);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
         if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
