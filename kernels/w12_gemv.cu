@@ -409,7 +409,12 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
-// register pipeline, commit 0a392d7)
+// register pipeline, commit 0a392d7; warp 0 fetching its escapes' X words by cp.async in its first main-loop
+// iteration, so that warp0_finish waits for no load: same bits, M = 1 geomean 1.318 → 1.302 — the block in the loop
+// costs more than the ~0.4 µs it takes off the end; a peeled first iteration instead raised every skinny kernel's
+// registers by 20–30; dd0eecc, 2026-12-03-ab-early-x-m12-h200-s22.md.  The loop's per-record bounds checks are also
+// what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
+// loads to the end of the iteration and adds 8–20 registers — not timed, session 22)
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7 : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
@@ -1204,7 +1209,10 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // call with no decode at all; the ring alone ~60 %.  Finer, 2026-12-03-ws-diag2-h200-s21.md (151936×5120, ns per
 // record per SM): full 746, without the in-loop escapes 684, without the ring too 561, and with constant fragments
 // (wgmma alone) 393 against ~280 for the tensor cores' dense rate — the decode adds to the chain, it does not overlap
-// the wgmma, and both warpgroups wait on the same slot, so they run in lockstep.  Measured slower, session 21
+// the wgmma (both warpgroups wait on the same slot, yet starting warpgroup 1 ~400 clocks late changes nothing:
+// the gaps are each warpgroup's own commit → wait per record; 2026-12-03-ws-diag3-offset-h200-s22.md).  Measured
+// slower, session 22: calling ws_escapes only on records with staged escapes (a ballot per 32 records finds them),
+// same bits, M = 32 1.025 → 1.005, M = 128 0.688 → 0.665; fab341a, 2026-12-03-ab-ws-skip-m32-h200-s22.md.  Session 21
 // (2026-12-03-ab-*-s21.md): the escapes in a tenth warp or in the producer warp (−3 % and −11 % at M = 32, −3 % at
 // M = 128: that warp's wait and its slot release sit on the ring), and KS — the two warpgroups taking records in
 // turn, each for all 128 channels, setmaxnreg 56/224 — 0.79–0.85× on the shapes it finished before a launch failure;
