@@ -175,10 +175,10 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 }
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
-// 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 4).
+// 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
 template <int NT, bool VIEW, int U>
 struct Group {
-  static constexpr bool XPF = NT <= 4;
+  static constexpr bool XPF = NT <= 2;
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
