@@ -203,10 +203,6 @@ struct Group {
         if (XPF) {
 #pragma unroll
           for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
-        } else {  // the X words that compute() will load, fetched into L1 now (no register held)
-#pragma unroll
-          for (int j = 0; j < NT; ++j)
-            if (xok[j]) asm volatile("prefetch.global.L1 [%0];" ::"l"(xr[j] + kb * 64));
         }
       }
     }
