@@ -175,10 +175,13 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 }
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
-// 16t..16t+15, plus the matching X words when they fit in registers (XPF: NT ≤ 2).
-template <int NT, bool VIEW, int U>
+// 16t..16t+15, plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
+// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its 4-warp, U = 1 form: there the 16 more
+// registers per X row block cost a CTA per SM (4 → 3) and still win — 6144×4096 M = 24 / 32 26.1 → 24.2 /
+// 28.3 → 26.5 µs — while the 8-warp forms fall to one CTA per SM and lose (4096² M = 24 19.8 → 23.9;
+// 2026-12-03-ab-x-nt4-h200-s22.md).
+template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
-  static constexpr bool XPF = NT <= 2;
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
@@ -482,7 +485,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
-  Group<NT, VIEW, U> ga, gb;
+  Group<NT, VIEW, U, NT <= 2 || (NT == 4 && WARPS == 4 && U == 1)> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
