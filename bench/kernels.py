@@ -439,7 +439,7 @@ def main():
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}, {c.xreg}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -497,7 +497,8 @@ def main():
             c = g.pick_config(m, n, k)
             if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
-                c = f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
+                c = (f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
+                     + (" xreg" if cc.xreg else ""))
             elif kind == "ws":
                 cc = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
                 c = f"cuda-ws {cc.nt}/{cc.split}"

@@ -27,6 +27,8 @@ class CudaConfig:
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
     l2: int = 0  # % of the weight lines loaded with L2 priority evict_normal, the rest evict_first (w12_gemv.cu
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
+    xreg: bool = False  # nt = 4, 4 warps, unroll 1 only: the next records' X words held in registers (w12_gemv.cu
+    #                     Group's XPF), at a CTA per SM fewer: wins where the grid still fits one wave
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -237,13 +239,16 @@ def _nt_for(m: int) -> int:
 # Session 19: W12 at M ≤ 8 re-swept under do_bench's own (dirty-L2) flush with the weight loads' L2 priority as a
 # field (bench/m1_configs.py, 2026-12-03-m1-configs-h200-s19.md): l2 = 100 on the two LM heads and 51200×5120
 # (1.5–3.8 % faster), every other shape kept its config.
+# Session 22: the xreg form at nt = 4 against every kernel dispatched at 17–64 rows (bench/skinny_configs.py,
+# 2026-12-03-skinny-configs-h200-s22.md): 6144×4096 W12 and view at 17–32 rows (W12 28.3 → 26.3 µs at M = 32, view
+# 22.8 → 20.0) and the 4096² view at 33–64 rows (27.9 → 22.3 at M = 64).
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 16, False): CudaConfig(2, 4, 1, 1),
     (6144, 4096, 16, True): CudaConfig(2, 8, 1, 1),
-    (6144, 4096, 32, False): CudaConfig(4, 4, 1, 1),
-    (6144, 4096, 32, True): CudaConfig(2, 8, 1, 1),
+    (6144, 4096, 32, False): CudaConfig(4, 4, 1, 1, xreg=True),
+    (6144, 4096, 32, True): CudaConfig(4, 4, 1, 1, xreg=True),
     (6144, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (6144, 4096, 64, True): CudaConfig(8, 4, 1, 1),
     (4096, 4096, 8, False): CudaConfig(1, 8, 2, 1),
@@ -253,7 +258,7 @@ TABLE: dict = {
     (4096, 4096, 32, False): CudaConfig(4, 8, 1, 1),
     (4096, 4096, 32, True): CudaConfig(2, 4, 1, 1),
     (4096, 4096, 64, False): CudaConfig(4, 4, 1, 1),
-    (4096, 4096, 64, True): CudaConfig(4, 8, 1, 1),
+    (4096, 4096, 64, True): CudaConfig(4, 4, 1, 1, xreg=True),
     (28672, 4096, 8, False): CudaConfig(1, 4, 1, 1),
     (28672, 4096, 8, True): CudaConfig(1, 8, 1, 1),
     (28672, 4096, 16, False): CudaConfig(2, 4, 1, 1),
@@ -471,7 +476,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2)
+                int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2,
+                int(cfg.xreg))
         else:
             if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
@@ -488,7 +494,7 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
     memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
     blocks = ctypes.c_int(0)
-    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, ctypes.byref(blocks))
+    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, int(cfg.xreg), ctypes.byref(blocks))
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value

@@ -176,10 +176,10 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
-// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its 4-warp, U = 1 form: there the 16 more
-// registers per X row block cost a CTA per SM (4 → 3) and still win — 6144×4096 M = 24 / 32 26.1 → 24.2 /
-// 28.3 → 26.5 µs — while the 8-warp forms fall to one CTA per SM and lose (4096² M = 24 19.8 → 23.9;
-// 2026-12-03-ab-x-nt4-h200-s22.md).
+// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its XREG form (4 warps, U = 1 only): 21–30 more
+// registers, a CTA per SM fewer (4 → 3; W12 123 → 144 registers), which wins where the grid still fits one wave —
+// 6144×4096 M = 24 / 32 26.1 → 23.8 / 28.3 → 26.3 µs — and loses where it then takes two (4096² M = 48 27.1 →
+// 37.0): a config choice (CudaConfig.xreg; 2026-12-03-ab-x-nt4-h200-s22.md, 2026-12-03-skinny-configs-h200-s22.md).
 template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
   uint4 va[U], vb[U], na[U], nb[U];
@@ -418,7 +418,7 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // registers by 20–30; dd0eecc, 2026-12-03-ab-early-x-m12-h200-s22.md.  The loop's per-record bounds checks are also
 // what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
 // loads to the end of the iteration and adds 8–20 registers — not timed, session 22)
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7 : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -485,7 +485,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
-  Group<NT, VIEW, U, NT <= 2 || (NT == 4 && WARPS == 4 && U == 1)> ga, gb;
+  Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
@@ -1545,10 +1545,11 @@ struct Args {
   int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U>, WARPS * 32, 0);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG>,
+                                                         WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
@@ -1558,14 +1559,19 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
                             (int*)a.tickets, a.l2_pct);
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
+cudaError_t launch_wu(int warps, int unroll, int xreg, const Args& a, cudaStream_t st) {
+  if (xreg) {  // the XREG form: nt = 4, 4 warps, unroll 1 only
+    if constexpr (NT == 4)
+      if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, true>(a, st);
+    return cudaErrorInvalidValue;
+  }
 #define W12_CASE(W, UU) \
   if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
   W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
@@ -1574,9 +1580,10 @@ cudaError_t launch_wu(int warps, int unroll, const Args& a, cudaStream_t st) {
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
-int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_t st) {
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, cudaStream_t st) {
 #define W12_NT(NTV) \
-  if (nt == NTV) return view ? launch_wu<NTV, true>(warps, unroll, a, st) : launch_wu<NTV, false>(warps, unroll, a, st);
+  if (nt == NTV) \
+    return view ? launch_wu<NTV, true>(warps, unroll, xreg, a, st) : launch_wu<NTV, false>(warps, unroll, xreg, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
@@ -1590,23 +1597,24 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, cudaStream_
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  l2_pct: % of the weight lines loaded with L2 priority
-// evict_normal, the rest evict_first (weight_policy; 0–100).
+// evict_normal, the rest evict_first (weight_policy; 0–100).  xreg: 1 = the XREG form (X words of the next
+// records in registers; nt = 4, 4 warps, unroll 1 only).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int xreg) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
-  return dispatch(a, view, nt, warps, unroll, (cudaStream_t)stream);
+  return dispatch(a, view, nt, warps, unroll, xreg, (cudaStream_t)stream);
 }
 
 // The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
 // CTAs / (blocks · SMs) that bench/kernels.py reports.  Returns a cudaError_t; *blocks gets the count.
-extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int* blocks) {
+extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int xreg, int* blocks) {
   Args a{};
   a.occupancy = blocks;
-  return dispatch(a, view, nt, warps, unroll, nullptr);
+  return dispatch(a, view, nt, warps, unroll, xreg, nullptr);
 }
 
 // The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·

@@ -201,7 +201,8 @@ def test_configs_name_compiled_kernels(tmp_path):
     p = None  # no tensors: nothing is launched without a GPU
 
     def skinny(c, view):
-        return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p, c.l2)
+        return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p, c.l2,
+                            int(c.xreg))
 
     def tc(nt, view):
         return lib.w12_gemm_tc(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, 1, p, p, p, p)
@@ -227,6 +228,9 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert skinny(gc.CudaConfig(1, 4, 1, 1, 101), 0) == 1 and skinny(gc.CudaConfig(1, 4, 1, 1, -1), 0) == 1
+    assert skinny(gc.CudaConfig(4, 4, 1, 1, xreg=True), 0) not in (0, 1)  # the one xreg form
+    assert all(skinny(gc.CudaConfig(nt, w, u, 1, xreg=True), v) == 1 for nt, w, u in ((2, 4, 1), (4, 8, 1), (4, 4, 2))
+               for v in (0, 1))
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
 
 
