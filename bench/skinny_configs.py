@@ -1,18 +1,20 @@
 """The skinny kernel at nt = 4 (17–64 rows) against what gemm_cuda dispatches today and cuBLAS BF16. One GPU call.
 
     W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--out DIR]
+    W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py python bench/kernels.py    # the tables with the adopted entries
 
-Its xreg form (CudaConfig.xreg: 4 warps, unroll 1, the next group's X words in registers; one CTA per SM fewer) may
-beat the ws / xs / skinny choices that gemm_cuda's tables made without it.
+Its xreg form (CudaConfig.xreg: unroll 1, the next group's X words in registers, capped at the registers that keep
+the plain form's CTAs per SM) may beat the skinny configs that gemm_cuda.TABLE chose without it.
 1. Identity product (X = consecutive rows of the identity, Y[m, n] = W[n, i + m]) for every candidate on N = 300 ×
    K = 1024 with escapes, a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes
    restored (bench/xs_configs.identity_product).
-2. Per (shape, M), W12 and view: every candidate CudaConfig(4, 4 warps ± xreg or 8 warps, unroll 1, split 1/2/3/4/
-   6/8) checked against the reference (decoded weights, fp32 matmul: relative ∞-norm error < 1e-2) and for
+2. Per (shape, M), W12 and view: every candidate CudaConfig(4, 4 or 8 warps, unroll 1, split 1/2/3/4/6/8, ± xreg)
+   checked against the reference (decoded weights, fp32 matmul: relative ∞-norm error < 1e-2) and for
    determinism (the same bits over 3 runs), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2
    flushed, median) beside today's dispatch and cuBLAS (`torch.matmul`).  Writes OUT/skinny_configs.md after every
-   case and OUT/skinny_table.py: the fastest candidate per (N, K, M) where it is at least 3 % faster than today's
-   dispatch.
+   case and OUT/cuda_table.py (a TABLE for W12_CUDA_TABLE): per (N, K, TABLE bucket 32 or 64, view) where today's
+   dispatch is the skinny kernel at every M of the bucket, the candidate with the least total time over those M if
+   that total is at least 3 % below today's.
 """
 
 import argparse
@@ -32,9 +34,8 @@ SPLITS = (1, 2, 3, 4, 6, 8)
 
 
 def candidates(k: int):
-    """nt = 4, unroll 1: 4 warps with and without xreg, 8 warps; every split of SPLITS that leaves each warp ≥ 2
-    records."""
-    return [gc.CudaConfig(4, w, 1, s, xreg=x) for w, x in ((4, True), (4, False), (8, False)) for s in SPLITS
+    """nt = 4, unroll 1, 4 or 8 warps, with and without xreg; each split of SPLITS that leaves a warp ≥ 2 records."""
+    return [gc.CudaConfig(4, w, 1, s, xreg=x) for w in (4, 8) for x in (True, False) for s in SPLITS
             if s <= k // 64 // (2 * w)]
 
 
@@ -58,34 +59,49 @@ def main():
     bad = identity_product([c for c in candidates(4096) if c.split in (1, 3)], lambda c: (c.warps, c.split, c.xreg))
     ident = "every candidate bit-exact (decode, view) with escapes restored" if not bad else f"FAILED: {sorted(bad)}"
     print("identity product:", ident, flush=True)
-    rows, table, fails = [], {}, []
+    rows, fails, times = [], [], {}  # times[(n, k, bucket, view)][config or "today"][m] = µs
     for n, k, m, mt, x, ref32, t_cb in sweep_cases(ms):
         for view in (False, True):
             ref = ref32 if not view else x.float() @ view_weights(mt).float().t()
             today = gc.dispatched_config(m, n, k, view)
             t_today = checked_time(mt, x, ref, today, view)
-            res = {}
+            if isinstance(t_today, str):
+                fails.append(f"- {n}×{k} M={m} {'view' if view else 'W12'} today's {today}: {t_today}")
+            res = {"today": t_today} if isinstance(today, gc.CudaConfig) and isinstance(t_today, float) else {}
             for c in candidates(k):
                 t = checked_time(mt, x, ref, c, view)
                 if isinstance(t, str):
                     fails.append(f"- {n}×{k} M={m} {'view' if view else 'W12'} {c}: {t}")
                 else:
                     res[c] = t
-            best = min(res, key=res.get)
-            xreg = min((c for c in res if c.xreg), key=res.get)
-            four = min((c for c in res if c.warps == 4 and not c.xreg), key=res.get)
-            eight = min((c for c in res if c.warps == 8), key=res.get)
-            win = isinstance(t_today, float) and res[best] <= 0.97 * t_today
-            if win:
-                table[(n, k, m, view)] = best
+            bucket = times.setdefault((n, k, 8 * gc._nt_for(m), view), {})
+            for c, t in res.items():
+                bucket.setdefault(c, {})[m] = t
+            best = {kind: min((c for c in res if c != "today" and (c.warps, c.xreg) == kind), key=res.get, default=None)
+                    for kind in ((4, True), (4, False), (8, True), (8, False))}
+            fastest = min(t for t in [*res.values(), t_today] if isinstance(t, float))
             rows.append(f"| {n}×{k} | {m} | {'view' if view else 'W12'} | {t_cb:.1f} | {cfg_str(today)} "
-                        f"{fmt(t_today)} | {cfg_str(xreg)} {res[xreg]:.1f} | {cfg_str(four)} {res[four]:.1f} | "
-                        f"{cfg_str(eight)} {res[eight]:.1f} | "
-                        f"{fmt(t_today) if not win else '**' + f'{res[best]:.1f}' + '**'} | "
-                        f"{(t_cb / min(res[best], t_today) if isinstance(t_today, float) else float('nan')):.3f} |")
+                        f"{fmt(t_today)} | "
+                        + " | ".join(f"{cfg_str(c)} {res[c]:.1f}" if c else "-" for c in best.values())
+                        + f" | {t_cb / fastest:.3f} |")
             print(rows[-1], flush=True)
-            write(a.out, ms, ident, rows, table, fails)
-    write(a.out, ms, ident, rows, table, fails, done=True)
+            write(a.out, ms, ident, rows, adopt(times), fails)
+    write(a.out, ms, ident, rows, adopt(times), fails, done=True)
+
+
+def adopt(times) -> dict:
+    """(n, k, bucket, view) -> the candidate adopted (see the module docstring)."""
+    out = {}
+    for key, res in times.items():
+        today = res.get("today", {})
+        ms = set().union(*(r.keys() for r in res.values()))
+        if set(today) != ms:  # some M of the bucket is not the skinny kernel's today
+            continue
+        cands = {c: sum(r.values()) for c, r in res.items() if c != "today" and set(r) == ms}
+        best = min(cands, key=cands.get)
+        if cands[best] <= 0.97 * sum(today.values()):
+            out[key] = (best, cands[best] / sum(today.values()))
+    return out
 
 
 def view_weights(mt):
@@ -114,15 +130,16 @@ def write(out, ms, ident, rows, table, fails, done=False):
         f"- command: `W12_CUDA=1 python bench/skinny_configs.py --ms {','.join(map(str, ms))}`",
         f"- identity product: {ident}; every timed candidate within 1e-2 of the reference and deterministic (else "
         "listed at the end); µs: CUDA graph replay, do_bench, L2 flushed, median", "",
-        "| N×K | M | | cuBLAS µs | today µs | best xreg µs | best 4-warp µs | best 8-warp µs | adopted µs | "
-        "adopted vs cuBLAS |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
-        f"{len(table)} adopted (≥ 3 % faster than today; bold above): OUT/skinny_table.py.",
+        "| N×K | M | | cuBLAS µs | today µs | best 4-warp xreg | best 4-warp | best 8-warp xreg | best 8-warp | "
+        "best vs cuBLAS |", "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        f"Adopted into OUT/cuda_table.py ({len(table)}; time over the bucket's M values relative to today's):", "",
+        *(f"- {key}: {cfg_str(c)} ({r:.3f})" for key, (c, r) in table.items()),
         *(["", "Failed checks:", *fails] if fails else [])]) + "\n"
     with open(os.path.join(out, "skinny_configs.md"), "w") as fh:
         fh.write(text)
-    with open(os.path.join(out, "skinny_table.py"), "w") as fh:
-        fh.write("# (N, K, M, view) -> CudaConfig: bench/skinny_configs.py's wins over today's dispatch\n")
-        fh.write("SKINNY_WINS = {\n" + "".join(f"    {key}: {c},\n" for key, c in table.items()) + "}\n")
+    with open(os.path.join(out, "cuda_table.py"), "w") as fh:
+        fh.write("# (N, K, M bucket, view) -> CudaConfig: bench/skinny_configs.py's adopted entries (W12_CUDA_TABLE)\n")
+        fh.write("TABLE = {\n" + "".join(f"    {key}: {c},\n" for key, (c, _) in table.items()) + "}\n")
     if done:
         print(text, flush=True)
 

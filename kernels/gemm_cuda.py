@@ -27,8 +27,8 @@ class CudaConfig:
     split: int = 1  # CTAs along K (deterministic: the last CTA of a tile adds the partials in order)
     l2: int = 0  # % of the weight lines loaded with L2 priority evict_normal, the rest evict_first (w12_gemv.cu
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
-    xreg: bool = False  # nt = 4, 4 warps, unroll 1 only: the next records' X words held in registers (w12_gemv.cu
-    #                     Group's XPF), at a CTA per SM fewer: wins where the grid still fits one wave
+    xreg: bool = False  # nt = 4, unroll 1 only: the next records' X words held in registers (w12_gemv.cu Group's
+    #                     XPF; ≤ 128 registers, the plain form's CTAs per SM)
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous

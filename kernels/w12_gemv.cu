@@ -176,10 +176,11 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
-// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its XREG form (4 warps, U = 1 only): 21–30 more
-// registers, a CTA per SM fewer (4 → 3; W12 123 → 144 registers), which wins where the grid still fits one wave —
-// 6144×4096 M = 24 / 32 26.1 → 23.8 / 28.3 → 26.3 µs — and loses where it then takes two (4096² M = 48 27.1 →
-// 37.0): a config choice (CudaConfig.xreg; 2026-12-03-ab-x-nt4-h200-s22.md, 2026-12-03-skinny-configs-h200-s22.md).
+// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its XREG form (U = 1), capped by its launch bounds at
+// 128 registers so that it keeps the plain form's CTAs per SM (uncapped, W12 4 warps took 144: 4 → 3 CTAs per SM,
+// which still won where the grid fits one wave — 6144×4096 M = 24 / 32 26.1 → 23.8 / 28.3 → 26.3 µs — and lost where
+// it then took two, 4096² M = 48 27.1 → 37.0; 2026-12-03-ab-x-nt4-h200-s22.md, 2026-12-03-skinny-configs-h200-s22.md).
+// A config choice: CudaConfig.xreg.
 template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
   uint4 va[U], vb[U], na[U], nb[U];
@@ -418,8 +419,11 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // registers by 20–30; dd0eecc, 2026-12-03-ab-early-x-m12-h200-s22.md.  The loop's per-record bounds checks are also
 // what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
 // loads to the end of the iteration and adds 8–20 registers — not timed, session 22)
+// Launch bounds: the XREG form ≤ 128 registers, which keeps the CTAs per SM of the plain form.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
-__global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7 : 0) w12_gemv_kernel(
+__global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
+                                              : XREG                                               ? 16 / WARPS
+                                                                                                   : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
@@ -1567,9 +1571,10 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
 
 template <int NT, bool VIEW>
 cudaError_t launch_wu(int warps, int unroll, int xreg, const Args& a, cudaStream_t st) {
-  if (xreg) {  // the XREG form: nt = 4, 4 warps, unroll 1 only
+  if (xreg) {  // the XREG form: nt = 4, unroll 1 only
     if constexpr (NT == 4)
       if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, true>(a, st);
+      else if (warps == 8 && unroll == 1) return launch_t<NT, VIEW, 8, 1, false, true>(a, st);
     return cudaErrorInvalidValue;
   }
 #define W12_CASE(W, UU) \
@@ -1598,7 +1603,7 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, c
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  l2_pct: % of the weight lines loaded with L2 priority
 // evict_normal, the rest evict_first (weight_policy; 0–100).  xreg: 1 = the XREG form (X words of the next
-// records in registers; nt = 4, 4 warps, unroll 1 only).
+// records in registers; nt = 4, unroll 1 only).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,

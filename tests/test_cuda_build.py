@@ -228,9 +228,9 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
     assert skinny(gc.CudaConfig(1, 4, 1, 1, 101), 0) == 1 and skinny(gc.CudaConfig(1, 4, 1, 1, -1), 0) == 1
-    assert skinny(gc.CudaConfig(4, 4, 1, 1, xreg=True), 0) not in (0, 1)  # the one xreg form
-    assert all(skinny(gc.CudaConfig(nt, w, u, 1, xreg=True), v) == 1 for nt, w, u in ((2, 4, 1), (4, 8, 1), (4, 4, 2))
-               for v in (0, 1))
+    assert all(skinny(gc.CudaConfig(4, w, 1, 1, xreg=True), v) not in (0, 1) for w in (4, 8) for v in (0, 1))
+    assert all(skinny(gc.CudaConfig(nt, 4, u, 1, xreg=True), v) == 1
+               for nt, u in ((2, 1), (8, 1), (4, 2)) for v in (0, 1))
     assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
 
 
