@@ -240,8 +240,9 @@ def _nt_for(m: int) -> int:
 # field (bench/m1_configs.py, 2026-12-03-m1-configs-h200-s19.md): l2 = 100 on the two LM heads and 51200×5120
 # (1.5–3.8 % faster), every other shape kept its config.
 # Session 22: the xreg form at nt = 4 against every kernel dispatched at 17–64 rows (bench/skinny_configs.py,
-# 2026-12-03-skinny-configs-h200-s22.md, re-measured capped at 128 registers in -configs2-): 6144×4096 W12 and view at
-# 17–32 rows (W12 28.4 → 27.3 µs at M = 32, view 22.8 → 20.5) and the 4096² view at 33–64 rows (27.9 → 23.0 at M = 64).
+# 2026-12-03-skinny-configs-h200-s22.md, re-measured capped at 128 registers in -configs2-): 6144×4096 W12 and view
+# at 17–32 rows (W12 28.4 → 27.3 µs at M = 32, view 22.8 → 20.5) and the 4096² view at 33–64 rows (27.9 → 23.0 at
+# M = 64).
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
