@@ -28,7 +28,7 @@ class CudaConfig:
     l2: int = 0  # % of the weight lines loaded with L2 priority evict_normal, the rest evict_first (w12_gemv.cu
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
     xreg: bool = False  # nt = 4, unroll 1 only: the next records' X words held in registers (w12_gemv.cu Group's
-    #                     XPF; ≤ 128 registers, the plain form's CTAs per SM)
+    #                     XPF; with 4 warps a CTA per SM fewer than the plain form, with 8 the same)
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -240,9 +240,8 @@ def _nt_for(m: int) -> int:
 # field (bench/m1_configs.py, 2026-12-03-m1-configs-h200-s19.md): l2 = 100 on the two LM heads and 51200×5120
 # (1.5–3.8 % faster), every other shape kept its config.
 # Session 22: the xreg form at nt = 4 against every kernel dispatched at 17–64 rows (bench/skinny_configs.py,
-# 2026-12-03-skinny-configs-h200-s22.md, re-measured capped at 128 registers in -configs2-): 6144×4096 W12 and view
-# at 17–32 rows (W12 28.4 → 27.3 µs at M = 32, view 22.8 → 20.5) and the 4096² view at 33–64 rows (27.9 → 23.0 at
-# M = 64).
+# 2026-12-03-skinny-configs*-h200-s22.md, 2026-12-03-ab-xreg-cap-h200-s22.md): 6144×4096 W12 and view at 17–32 rows
+# (W12 28.4 → 26.3 µs at M = 32, view 22.8 → 19.8) and the 4096² view at 33–64 rows (27.9 → 22.3 at M = 64).
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),

@@ -176,11 +176,12 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
-// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its XREG form (U = 1), capped by its launch bounds at
-// 128 registers so that it keeps the plain form's CTAs per SM (uncapped, W12 4 warps took 144: 4 → 3 CTAs per SM,
-// which still won where the grid fits one wave — 6144×4096 M = 24 / 32 26.1 → 23.8 / 28.3 → 26.3 µs — and lost where
-// it then took two, 4096² M = 48 27.1 → 37.0; 2026-12-03-ab-x-nt4-h200-s22.md, 2026-12-03-skinny-configs-h200-s22.md).
-// A config choice: CudaConfig.xreg.
+// exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its XREG form (U = 1): with 4 warps 21 more registers
+// (W12 123 → 144, 4 → 3 CTAs per SM), which wins where the grid still fits one wave — 6144×4096 M = 24 / 32 26.1 →
+// 23.8 / 28.3 → 26.3 µs — and loses where it then takes two (4096² M = 48 27.1 → 37.0); capped at 128 registers
+// to keep 4 CTAs per SM it was 2–3 % slower wherever it is dispatched (same bits), so only the 8-warp form is capped
+// (128, 2 CTAs per SM as the plain form).  A config choice: CudaConfig.xreg (2026-12-03-ab-x-nt4-h200-s22.md,
+// 2026-12-03-skinny-configs*-h200-s22.md, 2026-12-03-ab-xreg-cap-h200-s22.md).
 template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
   uint4 va[U], vb[U], na[U], nb[U];
@@ -419,10 +420,10 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // registers by 20–30; dd0eecc, 2026-12-03-ab-early-x-m12-h200-s22.md.  The loop's per-record bounds checks are also
 // what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
 // loads to the end of the iteration and adds 8–20 registers — not timed, session 22)
-// Launch bounds: the XREG form ≤ 128 registers, which keeps the CTAs per SM of the plain form.
+// Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
-                                              : XREG                                               ? 16 / WARPS
+                                              : XREG && WARPS == 8                                 ? 2
                                                                                                    : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
