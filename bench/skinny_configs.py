@@ -3,8 +3,8 @@
     W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--out DIR]
     W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py python bench/kernels.py    # the tables with the adopted entries
 
-Its xreg form (CudaConfig.xreg: unroll 1, the next group's X words in registers, capped at the registers that keep
-the plain form's CTAs per SM) may beat the skinny configs that gemm_cuda.TABLE chose without it.
+Its xreg form (CudaConfig.xreg: unroll 1, the next group's X words in registers; with 4 warps a CTA per SM fewer, with
+8 capped to keep its CTAs per SM) may beat the skinny configs that gemm_cuda.TABLE chose without it.
 1. Identity product (X = consecutive rows of the identity, Y[m, n] = W[n, i + m]) for every candidate on N = 300 ×
    K = 1024 with escapes, a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes
    restored (bench/xs_configs.identity_product).
@@ -25,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import bench, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
+from kernels import bench, decode_gpu, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
 from xs_configs import identity_product  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -98,8 +98,8 @@ def adopt(times) -> dict:
         if set(today) != ms:  # some M of the bucket is not the skinny kernel's today
             continue
         cands = {c: sum(r.values()) for c, r in res.items() if c != "today" and set(r) == ms}
-        best = min(cands, key=cands.get)
-        if cands[best] <= 0.97 * sum(today.values()):
+        best = min(cands, key=cands.get, default=None)  # None: every candidate failed a check at some M
+        if best is not None and cands[best] <= 0.97 * sum(today.values()):
             out[key] = (best, cands[best] / sum(today.values()))
     return out
 
@@ -107,7 +107,6 @@ def adopt(times) -> dict:
 def view_weights(mt):
     """W as the 8-bit view decodes it (bench/kernels.decode_gpu), cached on the Mat."""
     if not hasattr(mt, "_wq"):
-        from kernels import decode_gpu
         mt._wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, mt.n, mt.k, view=True)
     return mt._wq
 
