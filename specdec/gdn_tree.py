@@ -328,6 +328,10 @@ def commit(model, cache, pending: Pending, rows: list[int]) -> None:
             raise CacheLayoutError(f"layer {i}: cannot commit a {type(layer).__name__}")
         lay.conv_states[0].copy_(conv)
         lay.recurrent_states[0].copy_(rec)
+        if hasattr(lay, "cumulative_length_linear"):
+            # transformers >= 5.25 counts the tokens folded into a linear-attention state, and a hybrid cache's
+            # get_seq_length() reads that count from layer 0 (a GDN layer): the state now holds start + len(rows)
+            lay.cumulative_length_linear.fill_(start + len(rows))
 
 
 def committed_state(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
