@@ -7,9 +7,9 @@ PYTHON ?= python3
 VENV ?= .venv
 SGLANG_VENV ?= .venv-sglang
 BIN := $(VENV)/bin
-# Python >= 3.11: do not put the current directory first on sys.path. From the repository root it would make
-# kernels/ importable as the top-level `kernels`, shadowing the PyPI package transformers >= 5.25 imports.
-export PYTHONSAFEPATH := 1
+# -I (isolated): the current directory is not put first on sys.path. From the repository root it would make kernels/
+# importable as the top-level `kernels`, shadowing the PyPI package that transformers >= 5.25 imports.
+PY := $(BIN)/python -I
 DEMO_DIR ?= $(HOME)/.cache/w12/demo
 
 .PHONY: setup setup-sglang demo test clean
@@ -26,7 +26,7 @@ $(VENV)/.w12-installed: pyproject.toml
 	touch $@
 
 demo: setup
-	@SRC=$$($(BIN)/python -m w12.convert.fixtures smollm2) && \
+	@SRC=$$($(PY) -m w12.convert.fixtures smollm2) && \
 	rm -rf $(DEMO_DIR) && mkdir -p $(DEMO_DIR) && \
 	echo "== source: $$SRC (SmolLM2-135M-Instruct, BF16)" && \
 	echo "== w12 convert" && $(BIN)/w12 convert $$SRC $(DEMO_DIR)/smollm2-w12 && \
@@ -36,7 +36,7 @@ demo: setup
 	$(BIN)/w12 verify $(DEMO_DIR)/smollm2-w12 $(DEMO_DIR)/smollm2-decoded && \
 	du -sh $$SRC/model.safetensors $(DEMO_DIR)/smollm2-w12/model.safetensors && \
 	echo "== chat through Transformers: BF16 vs W12 (w12.patch_transformers + from_pretrained)" && \
-	$(BIN)/python -m w12.demo $$SRC $(DEMO_DIR)/smollm2-w12
+	$(PY) -m w12.demo $$SRC $(DEMO_DIR)/smollm2-w12
 
 # SGLang pins transformers 5.19 and a CUDA torch: its tests run in a second venv (CPU torch + sglang --no-deps).
 setup-sglang: $(SGLANG_VENV)/.w12-sglang-installed
@@ -45,10 +45,10 @@ $(SGLANG_VENV)/.w12-sglang-installed: pyproject.toml tests/sglang_env.sh
 	PYTHON=$(PYTHON) bash tests/sglang_env.sh $(SGLANG_VENV)
 
 test: setup setup-sglang
-	$(BIN)/python -m w12.convert.fixtures smollm2 > /dev/null
-	$(BIN)/python -m w12.convert.fixtures minilm > /dev/null
-	W12_REQUIRE_SGLANG=1 $(SGLANG_VENV)/bin/python -W ignore::DeprecationWarning -m pytest tests/test_sglang.py
-	$(BIN)/python -m pytest
+	$(PY) -m w12.convert.fixtures smollm2 > /dev/null
+	$(PY) -m w12.convert.fixtures minilm > /dev/null
+	W12_REQUIRE_SGLANG=1 $(SGLANG_VENV)/bin/python -I -W ignore::DeprecationWarning -m pytest tests/test_sglang.py
+	$(PY) -m pytest
 
 clean:
 	rm -rf $(VENV) $(SGLANG_VENV) build *.egg-info

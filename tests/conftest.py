@@ -21,5 +21,5 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"`import kernels` resolves to {origin}: the repository root is on sys.path, so W12's kernels/ "
             "shadows the PyPI `kernels` package that transformers imports. Run `make test`, or "
-            "`.venv/bin/pytest` (its script does not add the current directory), or `python -P -m pytest`."
+            "`.venv/bin/pytest` (its script does not add the current directory), or `python -I -m pytest`."
         )
