@@ -46,6 +46,8 @@ namespace {
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
 
+// (An L2 prefetch size on these loads was measured: .L2::128B changes nothing, .L2::256B slows the evict_normal LM
+// heads by 2–11 % at M = 1; 2026-12-03-ab-l2-prefetch-h200-s23.md, 8b31273 / a69653d.)
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
