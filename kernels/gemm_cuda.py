@@ -11,7 +11,6 @@ X rows; everything else runs the Triton kernel.  Deterministic: warp partials (a
 """
 
 import ctypes
-import functools
 import os
 from dataclasses import dataclass
 
@@ -68,7 +67,6 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
-    sk: int = 0  # stream-K (w12_gemm_wsk_kernel; nt 2/4/8, split 1): CTAs per M tile sharing its NB·KB records evenly
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -457,19 +455,6 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         err = library().w12_gemm_tc(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
-    elif isinstance(cfg, WsConfig) and cfg.sk:
-        mtiles = (m + 8 * cfg.nt - 1) // (8 * cfg.nt)
-        ctas = min(cfg.sk, nb * kb)
-        slots, kps = wsk_slots(nb, kb, ctas), min(kb, -(-nb * kb // ctas))
-        if cfg.split != 1 or cfg.nt not in (2, 4, 8) or slots > 8:
-            raise ValueError(f"{cfg}: stream-K takes nt 2/4/8, split 1 and at most 8 CTAs per record row "
-                             f"({slots} here for NB={nb}, KB={kb}): use more records per CTA (a smaller sk)")
-        ws = torch.empty(nb * mtiles * slots * 128 * 8 * cfg.nt, dtype=torch.float32, device=x.device)
-        tk = _tickets(x.device, nb * mtiles)
-        xq = torch.empty(mtiles * 8 * cfg.nt, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order
-        err = library().w12_gemm_wsk(
-            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, ctas, slots, kps, _p(ws), _p(tk), _p(xq), stream)
     elif isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
@@ -513,19 +498,6 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value
-
-
-@functools.lru_cache(maxsize=256)
-def wsk_slots(nb: int, kb: int, ctas: int) -> int:
-    """The most CTAs of a stream-K launch (w12_gemm_wsk_kernel) that share one record row: CTA p takes the records
-    [⌊p·U/P⌋, ⌊(p+1)·U/P⌋) of the U = nb·kb, so row r's records r·kb … r·kb + kb − 1 lie in the CTAs
-    owner(r·kb) … owner(r·kb + kb − 1), owner(u) = ⌊((u + 1)·P − 1) / U⌋ (the last p with ⌊p·U/P⌋ ≤ u)."""
-    u, p = nb * kb, ctas
-
-    def owner(v):
-        return ((v + 1) * p - 1) // u
-
-    return max(owner(r * kb + kb - 1) - owner(r * kb) + 1 for r in range(nb))
 
 
 def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):

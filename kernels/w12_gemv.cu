@@ -241,27 +241,16 @@ struct Group {
 // partials in part and take the tile's ticket; true for the last CTA to arrive, which then adds the partials
 // (splitk_last / splitk_last4) in the fixed order z = 0, 1, … (the same bits whatever the arrival order) into
 // red and resets the ticket; the others return.
-// The barrier of the threads that run an epilogue: the whole CTA, or (CONS) the 256 consumer threads of the ws
-// stream-K kernel (named barrier 1), whose producer warp is meanwhile streaming the next tile's records.
-template <bool CONS>
-__device__ __forceinline__ void epi_sync() {
-  if constexpr (CONS) asm volatile("bar.sync 1, 256;" ::: "memory");
-  else __syncthreads();
-}
-template <bool CONS>
-__device__ __forceinline__ int epi_threads() { return CONS ? 256 : blockDim.x; }
-
-template <bool CONS = false>
 __device__ __forceinline__ bool splitk_arrive(const float* red, int n, float* part, int S, int z, int* ticket,
                                               int* s_last) {
-  const int tid = threadIdx.x, nth = epi_threads<CONS>();
-  epi_sync<CONS>();  // red complete
+  const int tid = threadIdx.x, nth = blockDim.x;
+  __syncthreads();  // red complete
   for (int i = tid; i < n / 4; i += nth)
     reinterpret_cast<float4*>(part)[z * (n / 4) + i] = reinterpret_cast<const float4*>(red)[i];
   __threadfence();
-  epi_sync<CONS>();
+  __syncthreads();
   if (tid == 0) *s_last = atomicAdd(ticket, 1) == S - 1;
-  epi_sync<CONS>();
+  __syncthreads();
   if (!*s_last) return false;
   __threadfence();
   return true;
@@ -290,10 +279,9 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 // float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of independent L2 loads
 // instead of 32 (up to 64 registers of partials; the accumulators are dead by then).  Measured: 4096² M = 64
 // split 4 42.0 → 34.2 µs (2026-12-02-tc-configs-h200-s10.md).
-template <bool CONS = false>
 __device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
-  if (!splitk_arrive<CONS>(red, n, part, S, z, ticket, s_last)) return false;
-  const int tid = threadIdx.x, nth = epi_threads<CONS>(), n4 = n / 4;
+  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
+  const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
   const float4* p4 = reinterpret_cast<const float4*>(part);
   for (int i = tid; i < n4; i += 2 * nth) {
     const int i2 = i + nth;
@@ -358,16 +346,12 @@ __device__ __forceinline__ void store_acc(float* red, const float (&acc)[NT][4],
 // bf16 store, consecutive threads at consecutive n.
 // MMAJOR: cta_red is [MT][CH] instead (the ws kernel): the store loop's shared-memory reads, consecutive r across a
 // warp, are then consecutive words, where [CH][MT] puts them MT words apart (one bank: 32-way conflicts at MT = 128).
-// CONS (the ws stream-K kernel): only its THREADS = 256 consumer threads run this; the tile's partial is piece z of
-// S, in a ws slot of `slots` pieces per tile (split K: z = blockIdx.z, slots = S).
-template <int CH, int MT, int THREADS, bool MMAJOR = false, bool CONS = false>
+template <int CH, int MT, int THREADS, bool MMAJOR = false>
 __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int S, int* s_last,
-                                            __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount, int z = -1,
-                                            int slots = 0) {
-  if (S > 1 && !splitk_last4<CONS>(cta_red, CH * MT, ws + (size_t)tile * (slots ? slots : S) * CH * MT, S,
-                                   z < 0 ? (int)blockIdx.z : z, tickets + tile, s_last))
+                                            __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
+  if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
     return;
-  epi_sync<CONS>();
+  __syncthreads();
   if (MMAJOR && n0 + CH <= N && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0) {
     // eight channels per thread: two 16-byte shared loads, one 16-byte store (the same roundings as below)
     for (int idx = threadIdx.x; idx < CH / 8 * mcount; idx += THREADS) {
@@ -1559,168 +1543,6 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   return cudaGetLastError();
 }
 
-// =================================================================================================
-// The ws kernel, stream-K ("wsk"; 9 ≤ M ≤ 64, nt 2/4/8): no wave quantization
-// =================================================================================================
-// The grid is P CTAs per M tile (P ≤ the resident slots, e.g. 2 · 132), and the M tile's U = NB·KB records, taken in
-// storage order (record row nb, then kb), are cut into P contiguous ranges [⌊pU/P⌋, ⌊(p+1)U/P⌋): every CTA streams
-// the same number of records ±1, whatever NB and the split would have given (ws at split S: NB·S CTAs, e.g.
-// 224 on 264 slots for 28672×4096, 92 SMs with two CTAs and 40 with one).  A CTA's range crosses record rows: each
-// maximal run of one record row is a segment, finished like one split of a split-K tile — piece z = p − p0 of the
-// S CTAs p0..p1 that share record row nb, the last to arrive adding the pieces in the order z = 0, 1, … (the same
-// bits on every run).  The producer warp streams the whole range without a break (the records of a range are
-// contiguous in memory); the consumers run each segment as the ws kernel runs its split — escape prologue, main
-// loop, epilogue — synchronizing among themselves only (named barrier 1, epi_sync<true>), so the ring keeps filling
-// across a segment's epilogue.  The sums of a segment go to the corr area ([8][16][MT] floats = [MT][128]): each
-// warp first folds its own corrections into its accumulators, then all store.
-__host__ __device__ constexpr long wsk_start(long p, long U, long P) { return p * U / P; }
-__host__ __device__ constexpr int wsk_owner(long u, long U, long P) {  // the CTA whose range holds record u
-  return (int)(((u + 1) * P - 1) / U);  // the largest p with ⌊pU/P⌋ ≤ u
-}
-
-template <int NT, bool VIEW>
-__global__ void __launch_bounds__(WS_THREADS, 2) w12_gemm_wsk_kernel(
-    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
-    const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
-    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int NB, int KB,
-    float* __restrict__ ws, int* __restrict__ tickets, int slots, int kps) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);  // [8][16][MT]; a segment's sums [MT][128] at its end
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);   // [8][ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);
-  uint64_t* empty = full + STAGES;
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);  // [8][kps + 1]
-  __shared__ __align__(16) uint8_t s_e[128];
-  __shared__ int s_last;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const long U = (long)NB * KB, P = gridDim.x;
-  const long u0 = wsk_start(blockIdx.x, U, P), u1 = wsk_start(blockIdx.x + 1, U, P);
-  const int mb = blockIdx.y, m0 = mb * MT, mcount = min(MT, M - m0);
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 8);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-
-  if (warp == 8) {  // ---- producer: the range's records and X tiles, one after another into the ring
-    constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-    for (long u = u0; u < u1; ++u) {
-      const int i = (int)(u - u0), s = i % STAGES, kb = (int)(u % KB);
-      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);
-      if (lane == 0) {
-        uint8_t* slot = ring + s * SLOT;
-        mbar_expect(full + s, XB + WBYTES);
-        bulk_g2s(slot, xq + ((size_t)kb * Mpad + m0) * 128, XB, full + s);
-        bulk_g2s(slot + XB, rec + (size_t)u * REC, WBYTES, full + s);
-      }
-      __syncwarp();
-    }
-    return;  // it joins no consumer barrier
-  }
-  // ---- consumers, segment by segment
-  const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const uint32_t nkeep = nib_keep(t);
-  int* my_toff = s_toff + warp * (kps + 1);
-  uint2* my_ent = s_ent + warp * WS_ECAP;
-  float* my_corr = corr + warp * 16 * MT;
-  const uint8_t* my_e = s_e + 16 * warp;
-  int gi = 0;  // records consumed so far: slot gi % STAGES, phase gi / STAGES
-  for (long u = u0; u < u1;) {
-    const int nb = (int)(u / KB), a = (int)(u % KB), nrec = (int)min((long)(KB - a), u1 - u);
-    if (lane < 4) reinterpret_cast<uint32_t*>(s_e)[4 * warp + lane] =
-        __ldg(reinterpret_cast<const uint32_t*>(expo + nb * 128 + 16 * warp) + lane);
-    int e_lo = 0, e_hi = 0;
-    uint2 ent[2];
-    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int i = 0; i < nrec; ++i, ++gi) {
-      const int s = gi % STAGES;
-      mbar_wait(full + s, (gi / STAGES) & 1);
-      const uint8_t* slot = ring + s * SLOT;
-      uint32_t fa[4][4];
-      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot));
-      wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, my_e, my_corr, lane);
-      }
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);
-    }
-    fence_acc(acc);
-    // the segment's sums: acc · 2^(E_n − 127) + corr, into [MT][128] over the corr area (ws_store_acc's values)
-    const float s0 = __int_as_float((int)my_e[g] << 23), s1 = __int_as_float((int)my_e[g + 8] << 23);  // exact
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int m = 8 * j + 2 * t;
-      acc[j][0] = acc[j][0] * s0 + my_corr[m * 16 + g];
-      acc[j][1] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
-      acc[j][2] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
-      acc[j][3] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
-    }
-    epi_sync<true>();  // every warp has read its corrections
-    float* red = corr + 16 * warp;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int m = 8 * j + 2 * t;
-      red[m * 128 + g] = acc[j][0];
-      red[(m + 1) * 128 + g] = acc[j][1];
-      red[m * 128 + g + 8] = acc[j][2];
-      red[(m + 1) * 128 + g + 8] = acc[j][3];
-    }
-    __syncwarp();
-    ws_late_escapes<VIEW>(red, my_e, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
-    const long r0 = (long)nb * KB;
-    const int p0 = wsk_owner(r0, U, P), p1 = wsk_owner(r0 + KB - 1, U, P);
-    finish_tile<128, MT, 256, true, true>(corr, ws, tickets, mb * NB + nb, p1 - p0 + 1, &s_last, y, ldy, N, nb * 128,
-                                          m0, mcount, (int)blockIdx.x - p0, slots);
-    epi_sync<true>();  // the sums are stored (or published) before the next segment's prologue zeroes corr
-    u += nrec;
-  }
-}
-
-template <int NT>
-size_t wsk_smem(int kps) {  // ws_smem's layout (the corr area doubles as the sums)
-  return ws_smem<NT>(kps);
-}
-
-template <int NT, bool VIEW>
-cudaError_t launch_wsk(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                       const void* tent, void* y, int ldy, int N, int NB, int KB, int P, int slots, int kps, void* ws,
-                       void* tickets, void* xq, cudaStream_t st) {
-  auto kern = w12_gemm_wsk_kernel<NT, VIEW>;
-  const size_t smem = wsk_smem<NT>(kps);
-  static size_t set = 0;
-  if (smem > set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = smem;
-  }
-  const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
-  const long words = (long)mpad * KB * 32;
-  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
-                                                                        M, mpad, KB * 64);
-  kern<<<dim3(P, mtiles), WS_THREADS, smem, st>>>(
-      (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, NB, KB, (float*)ws, (int*)tickets, slots,
-      kps);
-  return cudaGetLastError();
-}
-
 struct Args {
   const void *x, *rec, *expo, *toff, *tent;
   void *y, *ws, *tickets;
@@ -1890,23 +1712,5 @@ extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
 #undef W12_WS
-  return (int)cudaErrorInvalidValue;
-}
-
-// The ws kernel, stream-K (w12_gemm_wsk_kernel above; M ≤ 64).  nt: X rows per CTA / 8 (2, 4, 8); ctas: CTAs per M
-// tile (1 ≤ ctas ≤ NB·KB), sharing its NB·KB records evenly; slots: the most CTAs that share one record row (≤ 8;
-// gemm_cuda.wsk_slots); kps: the most records of one row in one CTA (min(KB, ⌈NB·KB / ctas⌉)).  ws: fp32
-// [NB · ceil(M / 8nt) · slots · 128 · 8nt], tickets: int32 zeros [NB · ceil(M / 8nt)], left at zero; xq as w12_gemm_ws.
-extern "C" int w12_gemm_wsk(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int ctas,
-                            int slots, int kps, void* ws, void* tickets, void* xq, void* stream) {
-  cudaStream_t st = (cudaStream_t)stream;
-  if (ctas < 1 || (long)ctas > (long)NB * KB || slots < 1 || slots > 8 || kps < 1 || kps > KB)
-    return (int)cudaErrorInvalidValue;  // splitk_last4: ≤ 8 pieces per tile
-#define W12_WSK(NTV, V) \
-  if (nt == NTV && !!view == V) \
-    return launch_wsk<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, ctas, slots, kps, ws, tickets, xq, st);
-  W12_WSK(2, false) W12_WSK(4, false) W12_WSK(8, false) W12_WSK(2, true) W12_WSK(4, true) W12_WSK(8, true)
-#undef W12_WSK
   return (int)cudaErrorInvalidValue;
 }
