@@ -46,9 +46,8 @@ BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"),
 
 ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       fence_acc(acc);
-      fence_acc(acc2);
       wg_fence();
-      ws_mma<NT>(acc, acc2, fa, saddr(slot));
+      ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
@@ -92,9 +91,8 @@ PATCH = """#if W12_WS_DIAG & 4
       }
 #else
       fence_acc(acc);
-      fence_acc(acc2);
       wg_fence();
-      ws_mma<NT>(acc, acc2, fa, saddr(slot));
+      ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);

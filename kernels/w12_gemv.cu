@@ -1323,25 +1323,10 @@ __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, i
 }
 
 // A record's four k-steps: acc += A (the warp's decoded fragments fa) · X (the slot's X tile at shared address xa).
-// With a second accumulator set (ws_acc2<NT>: NT ≤ 4; at 8 it spills) the odd k-steps go to acc2: two dependent wgmma chains of two
-// instead of one of four per record (at n = 8·NT ≤ 32 a wgmma's own work is short beside its latency); the two are
-// added once, acc + acc2, after the last record.
 template <int NT>
-__host__ __device__ constexpr int ws_acc2() { return NT <= 4 ? NT : 1; }
-
-template <int NT>
-__device__ __forceinline__ void ws_mma(float (&acc)[NT][4], float (&acc2)[ws_acc2<NT>()][4], const uint32_t (&fa)[4][4],
-                                       uint32_t xa) {
+__device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)[4][4], uint32_t xa) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    if constexpr (ws_acc2<NT>() == NT) {
-      if (k & 1) {
-        wgmma_k16<NT>(acc2, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
-        continue;
-      }
-    }
-    wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
-  }
+  for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
 }
 
 // Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
@@ -1457,11 +1442,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
   __syncthreads();
 
-  float acc[NT][4], acc2[ws_acc2<NT>()][4];
+  float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-  for (int j = 0; j < ws_acc2<NT>(); ++j) acc2[j][0] = acc2[j][1] = acc2[j][2] = acc2[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
@@ -1487,10 +1470,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
       ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
       fence_acc(acc);
-      fence_acc(acc2);
       wg_fence();
-      ws_mma<NT>(acc, acc2, fa, saddr(slot0));
-      ws_mma<NT>(acc, acc2, fb, saddr(slot1));
+      ws_mma<NT>(acc, fa, saddr(slot0));
+      ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
@@ -1511,9 +1493,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       uint32_t fa[4][4];
       ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       fence_acc(acc);
-      fence_acc(acc2);
       wg_fence();
-      ws_mma<NT>(acc, acc2, fa, saddr(slot));
+      ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
@@ -1524,13 +1505,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
-    fence_acc(acc2);
-    if constexpr (ws_acc2<NT>() == NT) {
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[j][q] += acc2[j][q];
-    }
   }
   __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
