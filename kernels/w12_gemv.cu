@@ -1226,7 +1226,12 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // (2026-12-03-ab-*-s21.md): the escapes in a tenth warp or in the producer warp (−3 % and −11 % at M = 32, −3 % at
 // M = 128: that warp's wait and its slot release sit on the ring), and KS — the two warpgroups taking records in
 // turn, each for all 128 channels, setmaxnreg 56/224 — 0.79–0.85× on the shapes it finished before a launch failure;
-// 2397d02, 3784e4f, 80984cb.)
+// 2397d02, 3784e4f, 80984cb.  Session 24: a stream-K grid — P = 132 or 264 CTAs per M tile, each streaming an equal
+// contiguous run of records across record rows, segments finished as split-K pieces — correct, but slower on all 40
+// (shape, M ≤ 64) cases, 3–25 % at P = 264 (a CTA's segment boundaries cost more than the waves it saves; 6ec85a9,
+// 2026-12-03-wsk-stream-k-FAILED-h200-s24.md); and at nt ≤ 4 the odd k-steps into a second accumulator set (two
+// dependent wgmma chains of two per record instead of one of four): M = 32 1.050 → 1.041; cc4aa97,
+// 2026-12-03-ab-ws-acc2-h200-s24.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
