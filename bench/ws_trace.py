@@ -45,7 +45,7 @@ PATCHES = [  # (anchor in the landed source, text put after it); each anchor mus
      "  if (threadIdx.x == 0) W12_STAMP(W12_CTA + 0);\n"),
     ("  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);\n"
      "  __syncthreads();\n", "  if (tid == 0) W12_STAMP(W12_CTA + 1);\n"),
-    ("                                          e_hi);\n    __syncwarp();\n",
+    ("    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);\n",
      "    if (warp == 0 && lane == 0) {\n      W12_STAMP(W12_CTA + 2);\n      mbar_wait(full, 0);\n"
      "      W12_STAMP(W12_CTA + 3);\n    }\n    __syncwarp();\n"),
     ("    fence_acc(acc);  // the accumulators are read only after the last wait\n",
