@@ -1310,23 +1310,40 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   }
 }
 
-// The producer with X staged by its own lanes (ws_xself<NT>: nt ≤ 8), so that no reorder kernel runs first.  Per
-// record: lane 0's W copy as in ws_produce, and 4-byte cp.async copies of X straight into the ring's order
-// (w12_x_ws_kernel's layout: lane l takes column pair l of every row m, to word d = wg_word(l) at chunk (d / 4) ^ (m & 7);
-// rows ≥ M zero-filled), each lane's completion counted on the slot's full barrier by cp.async.mbarrier.arrive.noinc
-// (1 + 32 arrivals per phase).  The producer never waits for its X copies; a consumer fences the async proxy
-// (fence_proxy_async) after its full wait, before wgmma reads what cp.async wrote.  (With the X words instead loaded
-// into the producer's registers one record ahead and stored: same bits, up to 1.4× slower — the producer then waits
-// an L2 round trip per record; 2026-12-03-ab-ws-xself-h200-s24.md.)
+// The producer with X staged by its own lanes (ws_xself<NT>: nt ≤ 4; at 8 the 64 registers of X spill), so that no reorder kernel runs first: each
+// slot's full barrier takes two arrivals, the W copy's expect_tx (lane 0) and the X tile's (lane 0, after every lane
+// stored its part and fenced it for the async proxy that wgmma reads through).  The W copies of the first STAGES
+// records go out before any X; then per record i: (i ≥ STAGES: wait for the slot, copy W), X(i) from registers into
+// the slot in the ring's order (w12_x_ws_kernel's layout: word d = wg_word(pair) of row m at chunk (d / 4) ^ (m & 7);
+// rows ≥ M zero), and X(i + 1)'s loads issued, in flight while the producer waits for the next slot.  Lane l holds
+// the 16-byte pieces j = l + 32r (row j / 8, pairs 4(j % 8) … +3) of the MT × 128-byte tile.
 template <int NT>
-__host__ __device__ constexpr bool ws_xself() { return NT <= 8; }
+__host__ __device__ constexpr bool ws_xself() { return NT <= 4; }
 
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
-               ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem), "r"(ok ? 4 : 0) : "memory");
+template <int MT>
+__device__ __forceinline__ void ws_load_x(uint4 (&xr)[MT / 4], const __nv_bfloat16* x, int ldx, int M, int m0, int kb,
+                                          int lane) {
+#pragma unroll
+  for (int r = 0; r < MT / 4; ++r) {
+    const int j = lane + 32 * r, m = j >> 3, q = j & 7;
+    xr[r] = m0 + m < M ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * ldx + kb * 64) + q)
+                       : make_uint4(0u, 0u, 0u, 0u);
+  }
 }
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(bar)) : "memory");
+
+template <int MT>
+__device__ __forceinline__ void ws_store_x(uint8_t* slot, const uint4 (&xr)[MT / 4], int lane) {
+#pragma unroll
+  for (int r = 0; r < MT / 4; ++r) {
+    const int j = lane + 32 * r, m = j >> 3, q = j & 7;
+    uint32_t* row = reinterpret_cast<uint32_t*>(slot + m * 128);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int d = wg_word(4 * q + e);
+      row[(((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = word(xr[r], e);
+    }
+  }
+  fence_proxy_async();
 }
 
 template <int NT, bool VIEW, int STAGES>
@@ -1336,25 +1353,27 @@ __device__ __forceinline__ void ws_produce_xself(uint8_t* ring, uint64_t* full, 
   constexpr int MT = 8 * NT, XB = MT * 128, SLOT = ws_slot<NT>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
-  const int d = wg_word(lane), dq = d >> 2, dr = d & 3;
-  const uint32_t* xsrc = reinterpret_cast<const uint32_t*>(x) + lane;  // pair `lane` of a row's 64-column block
+  if (lane == 0)
+    for (int i = 0; i < min(STAGES, nrec); ++i) {
+      mbar_expect(full + i, WBYTES);
+      bulk_g2s(ring + i * SLOT + XB, wsrc + (size_t)i * REC, WBYTES, full + i);
+    }
+  uint4 xr[MT / 4];
+  if (nrec > 0) ws_load_x<MT>(xr, x, ldx, M, m0, a, lane);
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
     uint8_t* slot = ring + s * SLOT;
-    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-    if (lane == 0) {
-      mbar_expect(full + s, WBYTES);
-      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+    if (i >= STAGES) {
+      mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+      if (lane == 0) {
+        mbar_expect(full + s, WBYTES);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+      }
     }
-    const int kb = a + i;
-#pragma unroll 8
-    for (int m = 0; m < MT; ++m) {
-      const bool ok = m0 + m < M;
-      cp_async4_zfill(slot + m * 128 + (((dq ^ (m & 7)) << 4) | (dr << 2)),
-                      xsrc + ((size_t)(ok ? m0 + m : 0) * ldx + kb * 64) / 2, ok);
-    }
-    cp_async_mbar_arrive(full + s);
+    ws_store_x<MT>(slot, xr, lane);
     __syncwarp();
+    if (lane == 0) mbar_arrive(full + s);
+    if (i + 1 < nrec) ws_load_x<MT>(xr, x, ldx, M, m0, a + i + 1, lane);
   }
 }
 
@@ -1487,7 +1506,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, ws_xself<NT>() ? 33 : 1);
+      mbar_init(full + s, ws_xself<NT>() ? 2 : 1);
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
@@ -1545,7 +1564,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     for (; i < nrec; ++i) {
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
-      if constexpr (ws_xself<NT>()) fence_proxy_async();  // X came by cp.async (generic proxy); wgmma reads it
       const uint8_t* slot = ring + s * SLOT;
       uint32_t fa[4][4];
       ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
