@@ -1310,73 +1310,6 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   }
 }
 
-// The producer with X staged by its own lanes (ws_xself<NT>: nt ≤ 4; at 8 the 64 registers of X spill), so that no reorder kernel runs first: each
-// slot's full barrier takes two arrivals, the W copy's expect_tx (lane 0) and the X tile's (lane 0, after every lane
-// stored its part and fenced it for the async proxy that wgmma reads through).  The W copies of the first STAGES
-// records go out before any X; then per record i: (i ≥ STAGES: wait for the slot, copy W), X(i) from registers into
-// the slot in the ring's order (w12_x_ws_kernel's layout: word d = wg_word(pair) of row m at chunk (d / 4) ^ (m & 7);
-// rows ≥ M zero), and X(i + 1)'s loads issued, in flight while the producer waits for the next slot.  Lane l holds
-// the 16-byte pieces j = l + 32r (row j / 8, pairs 4(j % 8) … +3) of the MT × 128-byte tile.
-template <int NT>
-__host__ __device__ constexpr bool ws_xself() { return NT <= 4; }
-
-template <int MT>
-__device__ __forceinline__ void ws_load_x(uint4 (&xr)[MT / 4], const __nv_bfloat16* x, int ldx, int M, int m0, int kb,
-                                          int lane) {
-#pragma unroll
-  for (int r = 0; r < MT / 4; ++r) {
-    const int j = lane + 32 * r, m = j >> 3, q = j & 7;
-    xr[r] = m0 + m < M ? __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * ldx + kb * 64) + q)
-                       : make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-template <int MT>
-__device__ __forceinline__ void ws_store_x(uint8_t* slot, const uint4 (&xr)[MT / 4], int lane) {
-#pragma unroll
-  for (int r = 0; r < MT / 4; ++r) {
-    const int j = lane + 32 * r, m = j >> 3, q = j & 7;
-    uint32_t* row = reinterpret_cast<uint32_t*>(slot + m * 128);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int d = wg_word(4 * q + e);
-      row[(((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = word(xr[r], e);
-    }
-  }
-  fence_proxy_async();
-}
-
-template <int NT, bool VIEW, int STAGES>
-__device__ __forceinline__ void ws_produce_xself(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
-                                                 const __nv_bfloat16* x, int ldx, int M, int nb, int KB, int a,
-                                                 int nrec, int m0, int lane) {
-  constexpr int MT = 8 * NT, XB = MT * 128, SLOT = ws_slot<NT>();
-  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-  const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
-  if (lane == 0)
-    for (int i = 0; i < min(STAGES, nrec); ++i) {
-      mbar_expect(full + i, WBYTES);
-      bulk_g2s(ring + i * SLOT + XB, wsrc + (size_t)i * REC, WBYTES, full + i);
-    }
-  uint4 xr[MT / 4];
-  if (nrec > 0) ws_load_x<MT>(xr, x, ldx, M, m0, a, lane);
-  for (int i = 0; i < nrec; ++i) {
-    const int s = i % STAGES;
-    uint8_t* slot = ring + s * SLOT;
-    if (i >= STAGES) {
-      mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-      if (lane == 0) {
-        mbar_expect(full + s, WBYTES);
-        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
-      }
-    }
-    ws_store_x<MT>(slot, xr, lane);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(full + s);
-    if (i + 1 < nrec) ws_load_x<MT>(xr, x, ldx, M, m0, a + i + 1, lane);
-  }
-}
-
 // The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
 template <bool VIEW>
 __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, int n0, int n1, uint32_t nkeep,
@@ -1506,7 +1439,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, ws_xself<NT>() ? 2 : 1);
+      mbar_init(full + s, 1);
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
@@ -1520,10 +1453,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    if constexpr (ws_xself<NT>())
-      ws_produce_xself<NT, VIEW, STAGES>(ring, full, empty, rec, x, ldx, M, nb, KB, a, nrec, m0, lane);
-    else
-      ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1609,9 +1539,8 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
   const long words = (long)mpad * KB * 32;
-  if (!ws_xself<NT>())  // else the producer warps stage X themselves
-    w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
-                                                                          (uint32_t*)xq, M, mpad, KB * 64);
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
