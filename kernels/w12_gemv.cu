@@ -1231,7 +1231,10 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // (shape, M ≤ 64) cases, 3–25 % at P = 264 (a CTA's segment boundaries cost more than the waves it saves; 6ec85a9,
 // 2026-12-03-wsk-stream-k-FAILED-h200-s24.md); and at nt ≤ 4 the odd k-steps into a second accumulator set (two
 // dependent wgmma chains of two per record instead of one of four): M = 32 1.050 → 1.041; cc4aa97,
-// 2026-12-03-ab-ws-acc2-h200-s24.md.)
+// 2026-12-03-ab-ws-acc2-h200-s24.md.  And X staged by the producer warp instead of the reorder kernel (which with its
+// launch gap is the first ~2.8 µs of an M = 32 call): through the producer's registers one record ahead, M = 32
+// 1.036 → 0.838; by 4-byte cp.async counted on the full barrier, 1.049 → 0.828 and M = 64 0.916 → 0.578 — same bits,
+// but the one producer warp then limits the ring; 29ec0fe, 45d8143, 2026-12-03-ab-ws-xself-h200-s24.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
