@@ -243,3 +243,34 @@ def test_pdl_switch(env, expected):
     out = subprocess.run([sys.executable, "-c", "from w12.kernels import gemm_cuda as g; print(g.PDL)"],
                          env={**base, **env}, capture_output=True, text=True, check=True).stdout.split()
     assert out == [str(expected)]
+
+
+def _bench_module(name: str):
+    """bench/<name>.py loaded as a module, leaving sys.path as it was (the script puts bench/ first, where its
+    kernels.py would shadow the PyPI `kernels` package that transformers imports)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    saved = sys.path[:]
+    try:
+        spec = importlib.util.spec_from_file_location(f"w12_bench_{name}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved
+    return mod
+
+
+def test_ws_diagnostics_patch_the_current_kernel():
+    """bench/ws_diag.py and bench/ws_trace.py rebuild kernels/w12_gemv.cu with text patches on the GPU machine: each of
+    their anchors must occur exactly once in the kernel as it is, or those diagnostics stop there (ws_trace's prologue
+    anchor had gone stale unnoticed for six sessions)."""
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "kernels" / "w12_gemv.cu").read_text()
+    diag, trace = _bench_module("ws_diag"), _bench_module("ws_trace")
+    for name in ("ANCHOR", "PAIRS", "WAIT", "PRODUCE", "START"):
+        assert src.count(getattr(diag, name)) == 1, f"bench/ws_diag.py {name} does not occur once in w12_gemv.cu"
+    for anchor, _ in trace.PATCHES:
+        assert src.count(anchor) == 1, f"bench/ws_trace.py anchor {anchor[:60]!r} does not occur once in w12_gemv.cu"
