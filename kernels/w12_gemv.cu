@@ -669,7 +669,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 // generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
@@ -1273,11 +1272,6 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-template <int NT>
-__host__ __device__ constexpr bool ws_pipe() {  // the consumers' records pipelined (wait_group 1) at nt ≤ 4
-  return NT <= 4;
-}
-
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
 template <int NT>
 __host__ __device__ constexpr int ws_stages() {
@@ -1471,50 +1465,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    // At nt ≤ 4 (ws_pipe), records pipelined: record j's wgmma group is committed before the warp waits for record
-    // j − 1's (wgmma.wait_group 1), so record j + 1's wait for its slot and its decode overlap record j's wgmma latency
-    // (at n = 8·nt ≤ 32 that latency, not the tensor work, is most of a record's chain).  The A fragments alternate
-    // between fa and fb, so a set is written again only after the wait that retired the group reading it; a record's
-    // slot is released once its group is retired.  Same records, same order, same escapes: the same bits.
-    if constexpr (ws_pipe<NT>()) {
-      uint32_t fa[4][4], fb[4][4];
-      auto issue = [&](int j, uint32_t(&f)[4][4]) {  // record j: wait, decode, four wgmma, commit, its escapes
-        const int s = j % STAGES;
-        mbar_wait(full + s, (j / STAGES) & 1);
-        const uint8_t* slot = ring + s * SLOT;
-        ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, f);
-        wg_fence();
-        ws_mma<NT>(acc, f, saddr(slot));
-        wg_commit();
-        if (!VIEW) {
-          if (j == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-          ws_escapes<MT>(my_toff, my_ent, e_lo, j, a, slot, s_e + 16 * warp, my_corr, lane);
-        }
-      };
-      auto release = [&](int j) {  // record j's group is retired: the warp is done with its slot
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + j % STAGES);
-      };
-      fence_acc(acc);
-      if (nrec > 0) issue(0, fa);
-      int j = 1;
-      for (; j + 1 < nrec; j += 2) {
-        issue(j, fb);
-        wg_wait1();
-        release(j - 1);
-        issue(j + 1, fa);
-        wg_wait1();
-        release(j);
-      }
-      if (j < nrec) {
-        issue(j, fb);
-        wg_wait1();
-        release(j - 1);
-      }
-      wg_wait0();
-      if (nrec > 0) release(nrec - 1);
-    }
-    int i = ws_pipe<NT>() ? nrec : 0;
+    int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
     // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
