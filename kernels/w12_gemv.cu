@@ -1234,9 +1234,10 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // 2026-12-03-ab-ws-acc2-h200-s24.md.  And X staged by the producer warp instead of the reorder kernel (which with its
 // launch gap is the first ~2.8 µs of an M = 32 call): through the producer's registers one record ahead, M = 32
 // 1.036 → 0.838; by 4-byte cp.async counted on the full barrier, 1.049 → 0.828 and M = 64 0.916 → 0.578 — same bits,
-// but the one producer warp then limits the ring; 29ec0fe, 45d8143, 2026-12-03-ab-ws-xself-h200-s24.md.  Session 20's
-// nt = 16 pipelining (617ee9c: wait_group 1, alternating fragments) at nt ≤ 4: same bits, no serialization, but W12 spills at
-// its 96 registers and M = 32 went 1.035 → 0.956 (view 1.371 → 1.347); d97d425, 2026-12-03-ab-ws-pipe-nt4-h200-s24.md.)
+// but the one producer warp then limits the ring; 29ec0fe, 45d8143, 2026-12-03-ab-ws-xself-h200-s24.md.  Session
+// 20's nt = 16 pipelining (617ee9c: wait_group 1, alternating fragments) at nt ≤ 4: same bits, no serialization,
+// but W12 spills at its 96 registers and M = 32 went 1.035 → 0.956 (view 1.371 → 1.347); d97d425,
+// 2026-12-03-ab-ws-pipe-nt4-h200-s24.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
