@@ -7,12 +7,15 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from w12.kernels import cuda_build
 from w12.kernels import gemm_cuda as gc
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_table_hit_and_rule():
@@ -249,9 +252,8 @@ def _bench_module(name: str):
     """bench/<name>.py loaded as a module, leaving sys.path as it was (the script puts bench/ first, where its
     kernels.py would shadow the PyPI `kernels` package that transformers imports)."""
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    path = ROOT / "bench" / f"{name}.py"
     saved = sys.path[:]
     try:
         spec = importlib.util.spec_from_file_location(f"w12_bench_{name}", path)
@@ -266,9 +268,7 @@ def test_ws_diagnostics_patch_the_current_kernel():
     """bench/ws_diag.py and bench/ws_trace.py rebuild kernels/w12_gemv.cu with text patches on the GPU machine: each of
     their anchors must occur exactly once in the kernel as it is, or those diagnostics stop there (ws_trace's prologue
     anchor had gone stale unnoticed for six sessions)."""
-    from pathlib import Path
-
-    src = (Path(__file__).resolve().parents[1] / "kernels" / "w12_gemv.cu").read_text()
+    src = (ROOT / "kernels" / "w12_gemv.cu").read_text()
     diag, trace = _bench_module("ws_diag"), _bench_module("ws_trace")
     for name in ("ANCHOR", "PAIRS", "WAIT", "PRODUCE", "START"):
         assert src.count(getattr(diag, name)) == 1, f"bench/ws_diag.py {name} does not occur once in w12_gemv.cu"
