@@ -4,10 +4,12 @@
     torch.ops.w12.gemm_packed(x, packed, n, nnz)                                 -> bf16 [M, n]
     torch.ops.w12.view_gemm(x, records, exponents, n)                            -> bf16 [M, n]
 
-x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls on a Hopper GPU run a CUDA kernel of
-kernels/w12_gemv.cu where gemm_cuda.kernel_for names one (the skinny or the wgmma tensor-core GEMM; up
-to M = 128), other CUDA calls the Triton kernels, each
-with a config picked from a table by shape (no autotuning, no host sync); other devices run the
+x is bf16 [M, K] (2-D; `matmul` below flattens leading dims). CUDA calls with M ≤ LARGE_M on a Hopper GPU run a
+CUDA kernel of kernels/w12_gemv.cu where gemm_cuda.kernel_for names one, other CUDA calls with M ≤ LARGE_M the
+Triton kernels, each with a config picked from a table by shape (no autotuning, no host sync).  CUDA calls with
+M > LARGE_M (prefill) decode W once into a transient bf16 [N, K] (kernels/decode.py; 2·N·K bytes for the call's
+duration) and run `F.linear` on it: cuBLAS on the exact weight, so each output is, bit for bit, what the BF16 layer
+gives (bench/large_m.py checks it).  Other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
 
@@ -19,12 +21,18 @@ made the guard check 2.7× BF16's (bench/results/2026-12-01-guard-cost-cpu.md); 
 """
 
 import torch
+import torch.nn.functional as F
 
 from w12.formats.layout import REC_BYTES, tiles
 
+from . import decode as _dec
 from . import gemm as _g
 from . import gemm_cuda as _gc
 from . import reference as _ref
+
+# Rows of X above which a CUDA call decodes W and runs cuBLAS instead of a fused kernel: there the GEMM is bound
+# by the tensor cores, not by reading W (bench/large_m.py).
+LARGE_M = 128
 
 
 @torch.library.custom_op("w12::gemm", mutates_args=())
@@ -36,6 +44,8 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 
 def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
+        if x.shape[0] > LARGE_M:
+            return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, x.shape[1]))
         if _gc.usable(x, records, exponents, n):
             return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
         return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
@@ -125,6 +135,8 @@ def _(x, packed, n, nnz):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
+        if x.shape[0] > LARGE_M:
+            return F.linear(x, _dec.decode(records, exponents, None, None, n, x.shape[1], view=True))
         if _gc.usable(x, records, exponents, n):
             return _gc.launch(x, records, exponents, n, view=True)
         return _g.launch(x, records, exponents, n, view=True)

@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from w12.formats import reference as fmt  # noqa: E402
+from w12.kernels import decode as dec  # noqa: E402
 from w12.kernels import gemm as g  # noqa: E402
 from w12.kernels import ops  # noqa: E402
 from w12.kernels import reference as kref  # noqa: E402
@@ -84,6 +85,32 @@ def test_identity_decodes_every_weight_exactly():
     yt = y.t()
     assert torch.equal(yt.view(torch.int16)[~esc], w.view(torch.int16)[~esc])
     assert torch.allclose(yt[esc].float(), w[esc].float(), atol=1e-6, rtol=2**-8)
+
+
+def test_decode_kernel_gives_every_bit(mat):
+    """kernels/decode.py (the M > LARGE_M path): W bit for bit, escapes patched; the view as the reference has it."""
+    n, k, w, (records, exps, counts, escapes, offs, cols) = mat
+    assert torch.equal(dec.decode(records, exps, escapes, offs, n, k).view(torch.int16), w.view(torch.int16))
+    view = dec.decode(records, exps, None, None, n, k, view=True).view(torch.int16)
+    assert torch.equal(view, fmt.decode(records, exps, counts, escapes, n, k, lo_fill=8))
+    with pytest.raises(ValueError, match="needs escapes"):
+        dec.decode(records, exps, None, None, n, k)
+
+
+def test_decode_kernel_patches_more_escapes_than_one_step():
+    """Two zero rows: 128 escapes in each record of the first record row, more than one EB step of the patch loop;
+    and a matrix without any escape."""
+    n, k = 130, 128
+    w = make_weight(n, k, seed=3)
+    w[5] = 0.0
+    w[6] = -0.0
+    records, exps, counts, escapes, offs, cols = encode(w)
+    assert counts.max() > dec.EB
+    assert torch.equal(dec.decode(records, exps, escapes, offs, n, k).view(torch.int16), w.view(torch.int16))
+    plain = (torch.randn(64, 64) * 0.02).to(torch.bfloat16)
+    records, exps, counts, escapes, offs, cols = encode(plain)
+    assert escapes.shape[0] == 0
+    assert torch.equal(dec.decode(records, exps, escapes, offs, 64, 64), plain)
 
 
 def test_ops_cpu_fallback_and_fake(mat):
