@@ -1,6 +1,7 @@
 """Prefill-sized calls (M > 128): decode W once + cuBLAS against the fused Triton kernel and BF16 cuBLAS. One GPU call.
 
     PYTHONUNBUFFERED=1 python bench/large_m.py [--ms 128,256,512,1024,2048] [--shapes 0,2,...] [--out DIR]
+    PYTHONUNBUFFERED=1 python bench/large_m.py --decode-sweep [--shapes ...] [--out DIR]
 
 For every shape of bench/kernels.py (random bf16 weights with escapes, encoded on the GPU):
 1. checks: kernels/decode.py gives W bit for bit (and the 8-bit view as the reference defines it); at every
@@ -11,6 +12,8 @@ For every shape of bench/kernels.py (random bf16 weights with escapes, encoded o
    where one call takes over 50 ms), decode + cuBLAS at M ≤ LARGE_M too (where the fused kernels stay), and the
    decode alone with its TB/s (12 KB per record read, 2·N·K written).
 Prints the table last and writes OUT/large_m.md.
+--decode-sweep instead times kernels/decode.py alone for every (rows per program, warps) of SWEEP, each checked
+bit for bit first, and writes OUT/decode_sweep.md.
 """
 
 import argparse
@@ -33,6 +36,42 @@ from w12.kernels import gemm as g  # noqa: E402
 from w12.kernels import ops  # noqa: E402
 
 
+SWEEP = [(rows, warps) for rows in (128, 64, 32, 16) for warps in (1, 2, 4, 8) if rows * 64 >= warps * 32 * 4]
+
+
+def decode_sweep(shapes, args):
+    rows_out = []
+    for si, (n, k) in enumerate(shapes):
+        mt = Mat(n, k, 500 + si)
+        nb, kb = mt.counts.shape
+        moved = nb * kb * 12288 + 2 * n * k
+        line = []
+        for rows, warps in SWEEP:
+            run = lambda: dec.decode(mt.records, mt.exps, mt.escapes, mt.offs, n, k, rows=rows, warps=warps)  # noqa: E731
+            ok = torch.equal(run().view(torch.int16), mt.w.view(torch.int16))
+            t = bench(run) if ok else float("nan")
+            line.append((rows, warps, ok, t))
+            print(f"{n}x{k} rows {rows} warps {warps}: {t:.1f} µs, {moved / t / 1e6:.2f} TB/s, bits {ok}", flush=True)
+        rows_out.append((n, k, moved, line))
+        del mt
+        torch.cuda.empty_cache()
+    head = "| N×K | " + " | ".join(f"{r}/{w}" for r, w in SWEEP) + " |"
+    out = ["# kernels/decode.py: rows per program / warps — " + str(datetime.date.today()), "",
+           f"- GPU: {torch.cuda.get_device_name()}; commit: {os.environ.get('W12_REV', 'unknown')}",
+           f"- command: `python bench/large_m.py {' '.join(sys.argv[1:])}`",
+           "- µs (TB/s of 12 KB per record read + 2·N·K written): CUDA graph replay, do_bench, L2 flushed, median; "
+           "every config gave W's bits first (≠: it did not)", "", head, "|---|" + "---|" * len(SWEEP)]
+    for n, k, moved, line in rows_out:
+        out.append(f"| {n}×{k} | " + " | ".join(f"{t:.1f} ({moved / t / 1e6:.2f})" if ok else "≠"
+                                                  for _, _, ok, t in line) + " |")
+    text = "\n".join(out) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "decode_sweep.md"), "w") as f:
+            f.write(text)
+
+
 def once_ms(fn) -> float:
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -46,9 +85,12 @@ def main():
     ap.add_argument("--ms", default="128,256,512,1024,2048", help="rows of X (comma-separated)")
     ap.add_argument("--shapes", default="", help="indices into bench/kernels.py SHAPES (default: all)")
     ap.add_argument("--out", default="", help="directory for large_m.md")
+    ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel's configs instead")
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
+    if args.decode_sweep:
+        return decode_sweep(shapes, args)
     dev = torch.cuda.get_device_name()
     t0 = time.time()
     rows, checks = [], []
