@@ -22,7 +22,8 @@ import triton.language as tl
 from w12.formats.layout import REC_BYTES, TK, TN
 
 EB = 64  # escape entries per step of the patch loop
-RB, WARPS = 128, 4  # rows of a record per program, warps per program
+RB, WARPS = 128, 8  # rows of a record per program, warps per program: the fastest of 16 on all 10 shapes
+# (3.9 TB/s on the LM heads; 2026-12-03-decode-sweep-h200-s25.md)
 
 
 @triton.jit
