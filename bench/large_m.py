@@ -12,6 +12,9 @@ For every shape of bench/kernels.py (random bf16 weights with escapes, encoded o
    where one call takes over 50 ms), decode + cuBLAS at M ≤ LARGE_M too (where the fused kernels stay), and the
    decode alone with its TB/s (12 KB per record read, 2·N·K written).
 Prints the table last and writes OUT/large_m.md.
+--overlap instead tries decode overlapped with cuBLAS (overlap_linear: N in C chunks of record rows, each decoded on
+a side stream while the main stream runs the previous chunk's F.linear; C of --chunks) against the op and BF16, with
+the bits compared to F.linear on the whole weight, and writes OUT/overlap.md.
 --decode-sweep instead times kernels/decode.py alone for every (rows per program, warps) of SWEEP, each checked
 bit for bit first, and writes OUT/decode_sweep.md.
 """
@@ -72,6 +75,78 @@ def decode_sweep(shapes, args):
             f.write(text)
 
 
+_SIDE = {}
+
+
+def overlap_linear(x, mt, chunks: int):
+    """F.linear(x, W) with W decoded in `chunks` pieces of whole record rows on a side stream, chunk i's GEMM on the
+    main stream overlapping chunk i+1's decode; the pieces' outputs concatenated along N."""
+    main = torch.cuda.current_stream()
+    side = _SIDE.setdefault("s", torch.cuda.Stream())
+    nb, kb = mt.counts.shape
+    step = -(-nb // chunks)
+    side.wait_stream(main)
+    parts, events = [], []
+    with torch.cuda.stream(side):
+        for r0 in range(0, nb, step):
+            r1 = min(nb, r0 + step)
+            n0, n1 = r0 * 128, min(mt.n, r1 * 128)
+            w = dec.decode(mt.records[r0:r1], mt.exps[n0:], mt.escapes, mt.offs[r0 * kb:r1 * kb + 1], n1 - n0, mt.k)
+            ev = torch.cuda.Event()
+            ev.record(side)
+            parts.append(w)
+            events.append(ev)
+    outs = []
+    for w, ev in zip(parts, events):
+        main.wait_event(ev)
+        w.record_stream(main)
+        outs.append(F.linear(x, w))
+    return torch.cat(outs, dim=1)
+
+
+def overlap(shapes, ms, chunks, args):
+    rows = []
+    for si, (n, k) in enumerate(shapes):
+        mt = Mat(n, k, 500 + si)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            base = F.linear(x, mt.w)
+            t_blas = bench(lambda: F.linear(x, mt.w))
+            t_op = bench(lambda: torch.ops.w12.gemm(x, mt.records, mt.exps, mt.escapes, mt.offs, mt.cols, n))
+            line = []
+            for c in chunks:
+                same = torch.equal(overlap_linear(x, mt, c), base)
+                t = bench(lambda: overlap_linear(x, mt, c))
+                line.append((c, t, same))
+            rows.append((n, k, m, t_blas, t_op, line))
+            print(f"{n}x{k} M={m}: BF16 {t_blas:.1f} op {t_op:.1f} " +
+                  " ".join(f"C={c} {t:.1f} ({'=' if same else '≠'})" for c, t, same in line), flush=True)
+        del mt
+        torch.cuda.empty_cache()
+    out = ["# Decode overlapped with cuBLAS (bench/large_m.py --overlap) — " + str(datetime.date.today()), "",
+           f"- GPU: {torch.cuda.get_device_name()}; commit: {os.environ.get('W12_REV', 'unknown')}",
+           f"- command: `python bench/large_m.py {' '.join(sys.argv[1:])}`",
+           "- BF16 µs / W12 µs (CUDA graph replay, do_bench, L2 flushed, median); = / ≠: bits of F.linear on the "
+           "whole weight or not", "",
+           "| N×K | M | BF16 µs | op | " + " | ".join(f"C = {c}" for c in chunks) + " |",
+           "|---|---|---|---|" + "---|" * len(chunks)]
+    for n, k, m, tb, to, line in rows:
+        out.append(f"| {n}×{k} | {m} | {tb:.1f} | {tb / to:.3f} | " +
+                   " | ".join(f"{tb / t:.3f} {'=' if same else '≠'}" for _, t, same in line) + " |")
+    out += ["", "| M | op geomean | " + " | ".join(f"C = {c}" for c in chunks) + " |",
+            "|---|---|" + "---|" * len(chunks)]
+    for m in ms:
+        sel = [r for r in rows if r[2] == m]
+        out.append(f"| {m} | {geo([r[3] / r[4] for r in sel]):.3f} | " +
+                   " | ".join(f"{geo([r[3] / r[5][j][1] for r in sel]):.3f}" for j in range(len(chunks))) + " |")
+    text = "\n".join(out) + "\n"
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "overlap.md"), "w") as f:
+            f.write(text)
+
+
 def once_ms(fn) -> float:
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -86,11 +161,15 @@ def main():
     ap.add_argument("--shapes", default="", help="indices into bench/kernels.py SHAPES (default: all)")
     ap.add_argument("--out", default="", help="directory for large_m.md")
     ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel's configs instead")
+    ap.add_argument("--overlap", action="store_true", help="try decode overlapped with cuBLAS instead")
+    ap.add_argument("--chunks", default="2,4,8", help="--overlap: numbers of N chunks")
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     shapes = [SHAPES[int(i)] for i in args.shapes.split(",")] if args.shapes else SHAPES
     if args.decode_sweep:
         return decode_sweep(shapes, args)
+    if args.overlap:
+        return overlap(shapes, [m for m in ms if m > ops.LARGE_M], [int(c) for c in args.chunks.split(",")], args)
     dev = torch.cuda.get_device_name()
     t0 = time.time()
     rows, checks = [], []
