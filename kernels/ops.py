@@ -31,7 +31,9 @@ from . import gemm_cuda as _gc
 from . import reference as _ref
 
 # Rows of X above which a CUDA call decodes W and runs cuBLAS instead of a fused kernel: there the GEMM is bound
-# by the tensor cores, not by reading W (bench/large_m.py).
+# by the tensor cores, not by reading W (bench/large_m.py).  (Measured slower: decoding N in 2–8 chunks on a side
+# stream under the previous chunk's cuBLAS call, geomean 0.34–0.80× BF16 against 0.49–0.84× for one decode + one
+# F.linear, and not F.linear's bits on every shape; 2026-12-03-large-m-overlap-FAILED-h200-s25.md.)
 LARGE_M = 128
 
 
