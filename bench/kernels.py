@@ -541,7 +541,9 @@ def cuda_candidates(m):
 
 
 def geo(v):
-    return math.exp(sum(math.log(a) for a in v) / len(v))
+    """Geometric mean of the measured values (NaN: not measured, left out; nan when none is)."""
+    v = [a for a in v if a == a]
+    return math.exp(sum(math.log(a) for a in v) / len(v)) if v else float("nan")
 
 
 def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs, diag=()):

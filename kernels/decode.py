@@ -2,8 +2,8 @@
 
 What it is for: calls with many rows of X (prefill, M > LARGE_M), where the GEMM is bound by the tensor cores
 rather than by reading weights. There the fused kernels lose (their decode sits in every record's chain), and
-decoding once then calling cuBLAS is faster: Y = X · decode(W)ᵀ through `torch.matmul` is the very call a BF16
-model makes on the same bits, so its output is bit-identical to the BF16 model's (`ops._gemm`).
+decoding once then calling cuBLAS is faster: `F.linear(x, decode(W))` is the very call a BF16 layer makes on the
+same bits, so its output is bit-identical to that layer's (`ops._gemm`).
 
 One program = RB rows r0 ≤ r < r0 + RB of one record (nb, kb): weights (nb·128 + r, kb·64 + c), c < 64 (SPEC.md §5):
     b  = record[r·64 + c]                                     view byte
