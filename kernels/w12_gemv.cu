@@ -375,36 +375,22 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
 // + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
 // same order, so the same bits, without its barriers.  Lane j stages entry j (w − w_code and its X words, all
 // entries' loads in flight at once) in s_esc[3][32]; one ballot per row gives lane r its row's entries.
-// Its loads, issued by warp 0 before that barrier (escape_fetch) and used after it (warp0_finish), so that the
-// L2 round trip of the X gather runs while the CTA's other warps finish their records: lane j < ne holds entry j's
-// row, w − w_code and X words.
-struct EscFetch {
+template <int WARPS, int MT>
+__device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const uint2* s_ent,
+                                              float (&s_esc)[3][32], int ne, const __nv_bfloat16* x, int ldx, int m0,
+                                              int mcount, int lane) {
+  const int r = lane & 15, m = lane >> 4;
   int er = -1;
-  float d = 0.f, x0 = 0.f, x1 = 0.f;
-};
-
-__device__ __forceinline__ EscFetch escape_fetch(const uint8_t* s_e, const uint2* s_ent, int ne,
-                                                 const __nv_bfloat16* x, int ldx, int m0, int mcount, int lane) {
-  EscFetch f;
-  if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code)
+  if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) -> s_esc[0] = w − w_code, [1 + m] = x[m0 + m, col]
     const uint2 en = s_ent[lane];
     const int col = (int)(en.x & 0xFFFFFFu);
-    f.er = (int)(en.x >> 24);
-    f.x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
-    f.x1 = mcount > 1 ? __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
-    f.d = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[f.er] - 15) << 23);
-  }
-  return f;
-}
-
-template <int WARPS, int MT>
-__device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const EscFetch& f,
-                                              float (&s_esc)[3][32], int ne, int mcount, int lane) {
-  const int r = lane & 15, m = lane >> 4;
-  if (lane < ne) {  // s_esc[0] = w − w_code, [1 + m] = x[m0 + m, col]
-    s_esc[0][lane] = f.d;
-    s_esc[1][lane] = f.x0;
-    s_esc[2][lane] = f.x1;
+    er = (int)(en.x >> 24);
+    const float x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
+    const float x1 = mcount > 1 ? __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
+    s_esc[0][lane] =
+        __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
+    s_esc[1][lane] = x0;
+    s_esc[2][lane] = x1;
   }
   float out = 0.f;
   if (m < mcount) {
@@ -416,7 +402,7 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
   uint32_t mine = 0;  // bit j: entry j belongs to this lane's row
 #pragma unroll
   for (int rr = 0; rr < 16; ++rr) {
-    const uint32_t bm = __ballot_sync(0xffffffffu, f.er == rr);
+    const uint32_t bm = __ballot_sync(0xffffffffu, er == rr);
     if (r == rr) mine = bm;
   }
   __syncwarp();  // s_esc complete
@@ -529,22 +515,16 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
     red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
   }
-  const int mcount = min(MT, M - m0);
-  const bool w0 = NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32);  // warp 0 finishes the tile
   cp_async_wait_all();
-  EscFetch fetch;
-  if (!VIEW && w0 && warp == 0) {  // its escape entries came by its own cp.async (ne ≤ 32: lanes 0..ne−1)
-    __syncwarp();
-    fetch = escape_fetch(s_e, s_ent, e_hi - e_lo, x, ldx, m0, mcount, lane);
-  }
   __syncthreads();
   trace(1);
-  if (w0) {
+  const int mcount = min(MT, M - m0);
+  if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
     // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float out = warp0_finish<WARPS, MT>(red, s_e, fetch, s_esc, VIEW ? 0 : e_hi - e_lo, mcount, lane);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
         if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
