@@ -67,6 +67,7 @@ class WsConfig:
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
     nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
     split: int = 1  # CTAs along K
+    evict_first: bool = True  # the record copies with L2 evict_first (w12_gemv.cu ws_produce; False: no hint)
 
 
 WS_NTS = (2, 4, 8, 16)
@@ -76,6 +77,8 @@ WS_NTS = (2, 4, 8, 16)
 # Session 18 (2026-12-03-ws-configs-h200-s18.md): every split 1–8 instead of 1/2/4/8 — a split that makes the grid
 # one full wave (3, 5, 6: e.g. 10240×5120 at M = 64, 80 tiles × 3 = 240 CTAs ≤ 264 slots instead of 320) is up to 1.55×
 # faster; 38 of the 50; the M = 128 entries measured with the nt = 16 kernel taking records in pairs.
+# Session 26 (2026-12-03-ab-ws-l2-h200-s26.md): the record copies with L2 evict_first, 3–9 % faster at M = 32–64 except on
+# the LM heads, which lose 2–3 % at M = 16–32 and keep the copies without a hint there (evict_first=False).
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=8, split=5),
     (6144, 4096, 64): WsConfig(nt=8, split=4),
@@ -88,8 +91,8 @@ WS_TABLE: dict = {
     (4096, 14336, 48): WsConfig(nt=8, split=8),
     (4096, 14336, 64): WsConfig(nt=8, split=8),
     (4096, 14336, 128): WsConfig(nt=16, split=4),
-    (128256, 4096, 16): WsConfig(nt=2, split=1),
-    (128256, 4096, 32): WsConfig(nt=4, split=1),
+    (128256, 4096, 16): WsConfig(nt=2, split=1, evict_first=False),
+    (128256, 4096, 32): WsConfig(nt=4, split=1, evict_first=False),
     (128256, 4096, 48): WsConfig(nt=8, split=1),
     (128256, 4096, 64): WsConfig(nt=8, split=1),
     (128256, 4096, 128): WsConfig(nt=16, split=1),
@@ -110,8 +113,8 @@ WS_TABLE: dict = {
     (5120, 25600, 48): WsConfig(nt=8, split=6),
     (5120, 25600, 64): WsConfig(nt=8, split=6),
     (5120, 25600, 128): WsConfig(nt=16, split=3),
-    (151936, 5120, 16): WsConfig(nt=2, split=1),
-    (151936, 5120, 32): WsConfig(nt=4, split=1),
+    (151936, 5120, 16): WsConfig(nt=2, split=1, evict_first=False),
+    (151936, 5120, 32): WsConfig(nt=4, split=1, evict_first=False),
     (151936, 5120, 48): WsConfig(nt=8, split=1),
     (151936, 5120, 64): WsConfig(nt=8, split=1),
     (151936, 5120, 128): WsConfig(nt=16, split=1),
@@ -461,7 +464,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream)
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first))
     elif isinstance(cfg, XsConfig):
         tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)

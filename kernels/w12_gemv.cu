@@ -962,21 +962,22 @@ __host__ __device__ constexpr int xs_chunk() {  // records per X chunk (4 for nt
   return NT >= 16 ? 4 : XS_CHUNK_BYTES / (8 * NT * 128);
 }
 
-// U records of one warp's W words (no X: the xs kernel reads X from shared memory).
+// U records of one warp's W words (no X: the xs kernel reads X from shared memory), loaded with L2 policy pol.
 template <bool VIEW, int U>
 struct WStage {
   uint4 va[U], vb[U], na[U], nb[U];
 
-  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int b, int v0, int v1, int n0, int n1) {
+  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int b, int v0, int v1, int n0, int n1,
+                                       uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (kb0 + u < b) {
         const uint8_t* r = base + (size_t)(kb0 + u) * REC;
-        va[u] = ld_stream(r + v0);
-        vb[u] = ld_stream(r + v1);
+        va[u] = ld_stream(r + v0, pol);
+        vb[u] = ld_stream(r + v1, pol);
         if (!VIEW) {
-          na[u] = ld_stream(r + n0);
-          nb[u] = ld_stream(r + n1);
+          na[u] = ld_stream(r + n0, pol);
+          nb[u] = ld_stream(r + n1, pol);
         }
       }
     }
@@ -1081,8 +1082,9 @@ __global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kern
 
   // ---- prologue: the first two W stages (DRAM, the longer wait), then the first XS_STAGES − 1 X chunks
   WStage<VIEW, U> ga, gb;
-  ga.load(base, a, b, v0, v1, n0, n1);
-  gb.load(base, a + U, b, v0, v1, n0, n1);
+  const uint64_t pol = weight_policy(0);  // evict_first, as the skinny kernel's default and the ws kernel's copies
+  ga.load(base, a, b, v0, v1, n0, n1, pol);
+  gb.load(base, a + U, b, v0, v1, n0, n1, pol);
 #pragma unroll
   for (int s = 0; s < XS_STAGES - 1; ++s) {
     if (s < nchunks) load_chunk(s, s);
@@ -1107,10 +1109,10 @@ __global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kern
     for (int r = 0; r < C && k0 + r < b; r += 2 * U) {
       if (WG) ga.template compute_wg<NT>(acc, k0 + r, b, xcs + r * XREC, nkeep);
       else ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nkeep);
-      ga.load(base, k0 + r + 2 * U, b, v0, v1, n0, n1);
+      ga.load(base, k0 + r + 2 * U, b, v0, v1, n0, n1, pol);
       if (WG) gb.template compute_wg<NT>(acc, k0 + r + U, b, xcs + (r + U) * XREC, nkeep);
       else gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nkeep);
-      gb.load(base, k0 + r + 3 * U, b, v0, v1, n0, n1);
+      gb.load(base, k0 + r + 3 * U, b, v0, v1, n0, n1, pol);
     }
   }
   if (WG) fence_acc(acc);  // the accumulators are read only after the last wgmma wait
@@ -1261,6 +1263,11 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
 }
+// The same copy with an L2 cache-hint policy (createpolicy).
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+               ::"r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)), "l"(pol) : "memory");
+}
 
 // X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
 // in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
@@ -1295,10 +1302,15 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 // ---- the ws kernel's pieces
 
 // The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
+// wfirst: the record copies carry L2 evict_first (each record is read by the CTAs of one record row only, the X tiles by
+// every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32 (2026-12-03-ab-ws-l2-h200-s26.md;
+// evict_normal measured the same as no hint).
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane) {
+                                           int lane, bool wfirst) {
+  uint64_t first;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
@@ -1310,7 +1322,10 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, XB + WBYTES);
       bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
+      if (wfirst)
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
+      else
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
   }
@@ -1426,7 +1441,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
-    int* __restrict__ tickets) {
+    int* __restrict__ tickets, int wfirst) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
@@ -1459,7 +1474,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1532,7 +1547,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      void* xq, cudaStream_t st) {
+                      void* xq, cudaStream_t st, int wfirst) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
@@ -1550,7 +1565,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets);
+      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, wfirst);
   return cudaGetLastError();
 }
 
@@ -1710,15 +1725,16 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
 // The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
-// (w12_x_ws_kernel, launched first on the stream).  Same tensors and preconditions as w12_gemv.
+// (w12_x_ws_kernel, launched first on the stream).  wfirst: 1 = the record copies with L2 evict_first (ws_produce).
+// Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xq, void* stream) {
+                           void* ws, void* tickets, void* xq, void* stream, int wfirst) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
-    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st);
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st, wfirst);
 #define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4

@@ -215,7 +215,7 @@ def test_configs_name_compiled_kernels(tmp_path):
                                p, p)
 
     def ws(nt, split, view):
-        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p)
+        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1)
 
     shapes = [(n, k) for n, k, _, _ in gc.TABLE] + [(512, 8192), (999 * 128, 4096), (3072, 4096)]
     skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
