@@ -48,14 +48,7 @@ constexpr int VIEW_BYTES = 8192;
 
 // (An L2 prefetch size on these loads was measured: .L2::128B changes nothing, .L2::256B slows the evict_normal LM
 // heads by 2–11 % at M = 1; 2026-12-03-ab-l2-prefetch-h200-s23.md, 8b31273 / a69653d.)
-__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-
-// The same load with an L2 cache-hint policy (weight_policy).
+// A weight load: read-only path, no L1 allocation, with an L2 cache-hint policy (weight_policy).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
@@ -421,7 +414,9 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // costs more than the ~0.4 µs it takes off the end; a peeled first iteration instead raised every skinny kernel's
 // registers by 20–30; dd0eecc, 2026-12-03-ab-early-x-m12-h200-s22.md.  The loop's per-record bounds checks are also
 // what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
-// loads to the end of the iteration and adds 8–20 registers — not timed, session 22)
+// loads to the end of the iteration and adds 8–20 registers — not timed, session 22; warp 0 issuing its escapes' X
+// loads after its last record, before the CTA barrier, and using them after it: same bits, M = 1 1.332 → 1.334, within
+// the spread; 60217aa, 2026-12-03-ab-early-x-barrier-m1-FAILED-h200-s26.md)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
