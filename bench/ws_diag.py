@@ -56,7 +56,7 @@ ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
       wg_wait0();
 """
 WAIT = "      mbar_wait(full + s, (i / STAGES) & 1);\n"  # the consumers' wait in the one-record loop
-PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane);\n"
+PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);\n"
 START = """    int i = 0;
     // At nt = 16, records two at a time"""
 PAIRS = "for (; NT >= 16 && i + 1 < nrec; i += 2)"  # the nt = 16 record-pair loop: off in every diag variant
