@@ -79,15 +79,19 @@ WS_NTS = (2, 4, 8, 16)
 # faster; 38 of the 50; the M = 128 entries measured with the nt = 16 kernel taking records in pairs.
 # Session 26 (2026-12-03-ab-ws-l2-h200-s26.md): the record copies with L2 evict_first, 3–9 % faster at M = 32–64 except on
 # the LM heads, which lose 2–3 % at M = 16–32 and keep the copies without a hint there (evict_first=False).
+# With them the ws kernel now also takes 4096² and 4096×14336 at M = 17–32 (1.03× and 1.08× against skinny / xs;
+# bench/ws_configs.py --ms 32, 2026-12-03-ws-configs-m32-h200-s26.md).
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=8, split=5),
     (6144, 4096, 64): WsConfig(nt=8, split=4),
     (6144, 4096, 128): WsConfig(nt=16, split=2),
+    (4096, 4096, 32): WsConfig(nt=4, split=4),
     (4096, 4096, 128): WsConfig(nt=8, split=4),
     (28672, 4096, 32): WsConfig(nt=4, split=1),
     (28672, 4096, 48): WsConfig(nt=8, split=1),
     (28672, 4096, 64): WsConfig(nt=8, split=1),
     (28672, 4096, 128): WsConfig(nt=16, split=1),
+    (4096, 14336, 32): WsConfig(nt=4, split=4),
     (4096, 14336, 48): WsConfig(nt=8, split=8),
     (4096, 14336, 64): WsConfig(nt=8, split=8),
     (4096, 14336, 128): WsConfig(nt=16, split=4),
@@ -171,7 +175,7 @@ def xs_bucket(m: int) -> int | None:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (38 of the 50
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (40 of the 50
     (shape, M bucket) pairs of 9–128, 2026-12-03-ws-configs-h200-s18.md), then "xs" where XS_TABLE does (31,
     2026-12-02-xs-configs-h200-s12.md), else
     "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
