@@ -133,6 +133,8 @@ XS_VARIANTS = (tuple((nt, w, u, False) for nt in (2, 4, 8) for w in (4, 8) for u
 # (N, K, M bucket) -> XsConfig(nt, warps, unroll, split, mfirst, wg): shapes and M buckets (XS_BUCKETS) where the
 # xs kernel measured at least 3 % faster than kernel_for's skinny / wgmma choice (bench/xs_configs.py,
 # 2026-12-02-xs-configs-h200-s12.md; up to 1.30× at M = 128 on the LM heads, 1.03–1.17× elsewhere).
+# Since session 26 every key here is also in WS_TABLE, which kernel_for consults first: the xs kernel runs only where
+# WS_TABLE loses an entry (an override, a table re-measured on another GPU) or by an explicit XsConfig.
 XS_TABLE: dict = {
     (6144, 4096, 128): XsConfig(16, 8, 2, 2, False, True),
     (4096, 4096, 128): XsConfig(8, 4, 2, 2, True, False),
