@@ -5,11 +5,11 @@ shape, M = 16…128.  One GPU call.
     W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--out DIR]
 
 1. Identity product (bench/xs_configs.identity_product): every in-window weight decoded bit-exact, every escape
-   restored, W12 and 8-bit view, for nt 2/4/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
+   restored, W12 and 8-bit view, for nt 2/4/6/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
    partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
-2. Per (shape, M): every split 1–8 of the nt that holds M (at M = 128 also nt 8: two M tiles) checked against
-   the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
+2. Per (shape, M): every split 1–8 of the nt that holds M (at M = 33–48 also nt 8, at 128 two M tiles of
+   nt 8) checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
    bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch
    without the ws kernel (WS_TABLE emptied).
    Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
@@ -34,7 +34,7 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 def configs(m: int, k: int, splits=(1, 2, 3, 4, 5, 6, 7, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
-    nts = (nt, 8) if nt == 16 else (nt,)
+    nts = (nt, 8) if nt in (6, 16) else (nt,)  # M 33–48: nt 6 (one 48-row tile) or 8; M > 64: also two nt-8 tiles
     return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
 
 

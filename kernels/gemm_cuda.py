@@ -65,12 +65,12 @@ class XsConfig:
 class WsConfig:
     """The warp-specialized kernel (w12_gemm_ws_kernel: 128 channels × 8·nt X rows per CTA; a producer warp streams
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
-    nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
+    nt: int  # X rows per CTA / 8: 2, 4, 6, 8 or 16 (WS_NTS)
     split: int = 1  # CTAs along K
     evict_first: bool = True  # the record copies with L2 evict_first (w12_gemv.cu ws_produce; False: no hint)
 
 
-WS_NTS = (2, 4, 8, 16)
+WS_NTS = (2, 4, 6, 8, 16)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
 # (bench/ws_configs.py, 2026-12-02-ws-configs-h200-s15.md: 36 of the 50; re-run after the 4-op decode, -s17.md: 37).

@@ -699,6 +699,15 @@ __device__ __forceinline__ void wgmma_k16<4>(float (&d)[4][4], uint32_t a0, uint
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
 }
 template <>
+__device__ __forceinline__ void wgmma_k16<6>(float (&d)[6][4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                              uint32_t a3, uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n}"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+}
+template <>
 __device__ __forceinline__ void wgmma_k16<8>(float (&d)[8][4], uint32_t a0, uint32_t a1, uint32_t a2,
                                                uint32_t a3, uint64_t desc) {
   asm volatile(
@@ -1277,10 +1286,10 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// ring depth: two CTAs per SM up to NT = 8 (≤ ~100 KB each), one at NT = 16
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16
 template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 8 ? 3 : 5;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -1717,7 +1726,7 @@ extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const
   return (int)cudaErrorInvalidValue;
 }
 
-// The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
+// The warp-specialized W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_ws_kernel above).  nt: X rows per CTA / 8 (2, 4, 6, 8, 16);
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
 // (w12_x_ws_kernel, launched first on the stream).  wfirst: 1 = the record copies with L2 evict_first (ws_produce).
@@ -1730,7 +1739,7 @@ extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
     return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st, wfirst);
-#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(8, V) W12_WS(16, V)
+#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(6, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS4(false) W12_WS4(true)
 #undef W12_WS4
 #undef W12_WS
