@@ -82,13 +82,17 @@ WS_NTS = (2, 4, 6, 8, 16)
 # With them the ws kernel now also takes 4096² and 4096×14336 at M = 17–32 (1.03× and 1.08× against skinny / xs;
 # bench/ws_configs.py --ms 32, 2026-12-03-ws-configs-m32-h200-s26.md).
 # M = 33–48: the nt = 6 kernel (one 48-row tile) on every shape, 1.04–1.16× the best nt = 8 config (2026-12-03-ws-configs-m48-h200-s26.md).
+# M = 49–128 re-swept with the evict_first copies (2026-12-03-ws-configs-m64-m128-h200-s26.md): 4096² at M = 64 joins (ws 8/4
+# 24.4 µs against skinny 29.0); 6144×4096 M = 64 split 4 → 5, 4096² M = 128 two nt-8 tiles → one nt-16 tile, 10240×5120
+# M = 128 split 1 → 3 (2–6 % each); the other 16 entries kept their configs.
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=6, split=5),
-    (6144, 4096, 64): WsConfig(nt=8, split=4),
+    (6144, 4096, 64): WsConfig(nt=8, split=5),
     (6144, 4096, 128): WsConfig(nt=16, split=2),
     (4096, 4096, 32): WsConfig(nt=4, split=4),
     (4096, 4096, 48): WsConfig(nt=6, split=4),
-    (4096, 4096, 128): WsConfig(nt=8, split=4),
+    (4096, 4096, 64): WsConfig(nt=8, split=4),
+    (4096, 4096, 128): WsConfig(nt=16, split=4),
     (28672, 4096, 32): WsConfig(nt=4, split=1),
     (28672, 4096, 48): WsConfig(nt=6, split=1),
     (28672, 4096, 64): WsConfig(nt=8, split=1),
@@ -105,7 +109,7 @@ WS_TABLE: dict = {
     (10240, 5120, 32): WsConfig(nt=4, split=3),
     (10240, 5120, 48): WsConfig(nt=6, split=3),
     (10240, 5120, 64): WsConfig(nt=8, split=3),
-    (10240, 5120, 128): WsConfig(nt=16, split=1),
+    (10240, 5120, 128): WsConfig(nt=16, split=3),
     (5120, 8192, 32): WsConfig(nt=4, split=3),
     (5120, 8192, 48): WsConfig(nt=6, split=6),
     (5120, 8192, 64): WsConfig(nt=8, split=6),
@@ -179,7 +183,7 @@ def xs_bucket(m: int) -> int | None:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (40 of the 50
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (42 of the 50
     (shape, M bucket) pairs of 9–128, 2026-12-03-ws-configs-h200-s18.md), then "xs" where XS_TABLE does (31,
     2026-12-02-xs-configs-h200-s12.md), else
     "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
