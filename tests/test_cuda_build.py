@@ -37,8 +37,8 @@ def test_kernel_choice(monkeypatch):
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
-    assert kf(32, 4096, 4096) == kf(32, 4096, 14336) == "ws"
-    assert kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == kf(32, 6144, 4096) == "skinny"
+    assert kf(32, 4096, 14336) == kf(64, 4096, 4096) == "ws"
+    assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == "skinny"
     monkeypatch.setattr(gc, "WS_TABLE", {})
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == "xs"
     assert kf(64, 6144, 4096) == "wgmma"
