@@ -9,9 +9,9 @@ shape, M = 16…128.  One GPU call.
    partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
 2. Per (shape, M): every split 1–8 of the nt that holds M (at M = 33–48 also nt 8, at 128 two M tiles of
-   nt 8) checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
-   bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch
-   without the ws kernel (WS_TABLE emptied).
+   nt 8) checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same
+   bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS
+   and today's dispatch without the ws kernel (WS_TABLE emptied).
    Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
    (N, K, M) where it is at least 3 % faster than today's dispatch (W12_WS_TABLE=OUT/ws_table.py makes gemm_cuda
    dispatch to those).

@@ -77,16 +77,17 @@ WS_NTS = (2, 4, 6, 8, 16)
 # Session 18 (2026-12-03-ws-configs-h200-s18.md): every split 1–8 instead of 1/2/4/8 — a split that makes the grid
 # one full wave (3, 5, 6: e.g. 10240×5120 at M = 64, 80 tiles × 3 = 240 CTAs ≤ 264 slots instead of 320) is up to 1.55×
 # faster; 38 of the 50; the M = 128 entries measured with the nt = 16 kernel taking records in pairs.
-# Session 26 (2026-12-03-ab-ws-l2-h200-s26.md): the record copies with L2 evict_first, 3–9 % faster at M = 32–64 except on
-# the LM heads, which lose 2–3 % at M = 16–32 and keep the copies without a hint there (evict_first=False).
+# Session 26 (2026-12-03-ab-ws-l2-h200-s26.md): the record copies with L2 evict_first, 3–9 % faster at M = 32–64
+# except on the LM heads, which lose 2–3 % at M = 16–32 and keep the copies without a hint there (evict_first=False).
 # With them the ws kernel now also takes 4096×14336 at M = 17–32 (1.08× against xs; bench/ws_configs.py --ms 32,
 # 2026-12-03-ws-configs-m32-h200-s26.md).  Not 4096² (ws 1.03× skinny for W12, but its view then fell 1.25 → 1.07×
 # cuBLAS in the full run, 2026-12-03-kernels-cuda-h200-s26-call10.md: the table is shared by W12 and view).
-# M = 33–48: the nt = 6 kernel (one 48-row tile) on every shape, 1.04–1.16× the best nt = 8 config (2026-12-03-ws-configs-m48-h200-s26.md).
-# M = 49–128 re-swept with the evict_first copies (2026-12-03-ws-configs-m64-m128-h200-s26.md): 4096² at M = 64 joins (ws 8/4
-# 24.4 µs against skinny 29.0); 6144×4096 M = 64 split 4 → 5, 10240×5120
-# M = 128 split 1 → 3 (2–6 % each); the other 16 entries kept their configs.  (4096² M = 128 two nt-8 tiles → one
-# nt-16 tile was 2 % faster in the sweep, equal for W12 and 3 % slower for the view in the full run: not adopted.)
+# M = 33–48: the nt = 6 kernel (one 48-row tile) on every shape, 1.04–1.16× the best nt = 8 config
+# (2026-12-03-ws-configs-m48-h200-s26.md).
+# M = 49–128 re-swept with the evict_first copies (2026-12-03-ws-configs-m64-m128-h200-s26.md): 4096² at M = 64
+# joins (ws 8/4 24.4 µs against skinny 29.0); 6144×4096 M = 64 split 4 → 5, 10240×5120 M = 128 split 1 → 3
+# (2–6 % each); the other 16 entries kept their configs.  (4096² M = 128 two nt-8 tiles → one nt-16 tile was 2 %
+# faster in the sweep, equal for W12 and 3 % slower for the view in the full run: not adopted.)
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=6, split=5),
     (6144, 4096, 64): WsConfig(nt=8, split=5),

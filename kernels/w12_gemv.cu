@@ -1306,9 +1306,10 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 // ---- the ws kernel's pieces
 
 // The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
-// wfirst: the record copies carry L2 evict_first (each record is read by the CTAs of one record row only, the X tiles by
-// every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32 (2026-12-03-ab-ws-l2-h200-s26.md;
-// evict_normal measured the same as no hint).
+// wfirst: the record copies carry L2 evict_first (each record is read by the CTAs of one record row only, the X
+// tiles by every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32
+// (2026-12-03-ab-ws-l2-h200-s26.md; evict_normal measured the same as no hint, X tiles evict_last no better:
+// -ab-ws-x-evict-last-FAILED-s26.md).
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
@@ -1739,9 +1740,9 @@ extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
     return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st, wfirst);
-#define W12_WS4(V) W12_WS(2, V) W12_WS(4, V) W12_WS(6, V) W12_WS(8, V) W12_WS(16, V)
-  W12_WS4(false) W12_WS4(true)
-#undef W12_WS4
+#define W12_WS_NTS(V) W12_WS(2, V) W12_WS(4, V) W12_WS(6, V) W12_WS(8, V) W12_WS(16, V)
+  W12_WS_NTS(false) W12_WS_NTS(true)
+#undef W12_WS_NTS
 #undef W12_WS
   return (int)cudaErrorInvalidValue;
 }
