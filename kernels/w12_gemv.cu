@@ -1511,7 +1511,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     // X: records 0 .. STAGES − P − 1 now, then each P records before its use (P = 2: the record-pair loop, a pair's
     // second slot being released only at the pair's end).
     constexpr int P = NT >= 16 ? 2 : 1;
-    for (int r = 0; r < STAGES - P - 1 && r < nrec; ++r)
+    for (int r = 0; r < STAGES - P && r < nrec; ++r)
       ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + r, r, warp, lane);
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
@@ -1533,9 +1533,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
 #pragma unroll
       for (int p = 0; p < P; ++p)  // records i + STAGES − 2 + p into the slots of i − 2 + p (released last pair)
-        if (i + STAGES - P - 1 + p < nrec)
-          ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + i + STAGES - P - 1 + p,
-                                      i + STAGES - P - 1 + p, warp, lane);
+        if (i + STAGES - P + p < nrec)
+          ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + i + STAGES - P + p, i + STAGES - P + p, warp,
+                                      lane);
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
@@ -1560,7 +1560,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
       if (P == 1) {  // record i + STAGES − 1 into the slot of i − 1 (at P = 2 every record is staged by now)
-        const int r = i + STAGES - 2;
+        const int r = i + STAGES - 1;
         if (r < nrec) ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + r, r, warp, lane);
       }
       if (!VIEW) {
