@@ -1334,26 +1334,53 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   }
 }
 
-// X tiles staged by the consumer warps (no reorder kernel before the call): record r's tile (X rows m0 .. m0 + MT − 1,
-// columns 64·kb .. 64·kb + 63; rows ≥ M zero) into its slot by 4-byte cp.async, in the slot's wgmma k order — lane l
-// copies column pair l of rows warp, warp + 8, … to word wg_word(l) of the row, chunk swizzled: 32 lanes read one
-// 128-byte row and write 32 banks — once every consumer warp released the slot's previous record r − STAGES.  Each
-// thread's copies arrive on the slot's `full` when they land (cp.async.mbarrier.arrive.noinc: 256 arrivals besides the
-// producer's bytes); they are generic-proxy writes, so the consumers fence the async proxy before wgmma reads them.
-template <int MT, int STAGES, int SLOT>
-__device__ __forceinline__ void ws_x_copy(uint8_t* ring, uint64_t* full, uint64_t* empty, const __nv_bfloat16* x,
-                                          int ldx, int M, int m0, int kb, int r, int warp, int lane) {
-  const int s = r % STAGES, d = wg_word(lane);
-  if (r >= STAGES) mbar_wait(empty + s, ((r / STAGES) - 1) & 1);
-  uint8_t* dst = ring + s * SLOT + 4 * (d & 3);
-  const __nv_bfloat16* src = x + 64 * kb + 2 * lane;
+// X tiles staged by the consumer warps (no reorder kernel before the call): thread c (0..255) holds the 16-byte
+// chunks c, c + 256, … of the tile's MT × 8 (row m = chunk / 8, columns 8q .. 8q + 7 of the record's 64, q = chunk % 8)
+// in registers, loaded one record ahead (ws_x_load), and stores them in the slot's wgmma k order (ws_x_store).
+// Word e of chunk q = column pair P = 4q + e has wg_word(P) = 8s + t + 4h with t = q / 2, s = 2(q & 1) + e / 2,
+// h = e & 1: chunk 4(q & 1) + e of the row (swizzled: ^ (m & 7)), word q / 2 — the 32 lanes of a store hit 32 banks.
+template <int MT>
+struct WsX {
+  uint4 v[(MT * 8 + 255) / 256];
+};
+
+template <int MT>
+__device__ __forceinline__ void ws_x_load(WsX<MT>& r, const __nv_bfloat16* x, int ldx, int M, int m0, int kb,
+                                          int tid) {
 #pragma unroll
-  for (int m = warp; m < MT; m += 8) {
-    const bool valid = m0 + m < M;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(saddr(dst + m * 128 + (((d >> 2) ^ (m & 7)) << 4))),
-                 "l"(valid ? src + (size_t)(m0 + m) * ldx : x), "r"(valid ? 4 : 0) : "memory");
+  for (int j = 0; j < (MT * 8 + 255) / 256; ++j) {
+    const int c = tid + 256 * j, m = c >> 3, q = c & 7;
+    r.v[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (c < MT * 8 && m0 + m < M)
+      r.v[j] = __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * ldx + 64 * kb + 8 * q));
   }
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(full + s)) : "memory");
+}
+
+template <int MT>
+__device__ __forceinline__ void ws_x_store(const WsX<MT>& r, uint8_t* slot, int tid) {
+#pragma unroll
+  for (int j = 0; j < (MT * 8 + 255) / 256; ++j) {
+    const int c = tid + 256 * j, m = c >> 3, q = c & 7;
+    if (c < MT * 8) {
+      uint8_t* row = slot + m * 128 + 4 * (q >> 1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        *reinterpret_cast<uint32_t*>(row + (((4 * (q & 1) + e) ^ (m & 7)) << 4)) = word(r.v[j], e);
+    }
+  }
+}
+
+// Record r's X tile (in xr) into its slot, once every consumer warp released the slot's previous record r − STAGES,
+// then visible to wgmma (proxy fence) and counted on the slot's `full` (8 consumer arrivals + the producer's bytes).
+template <int MT, int STAGES, int SLOT>
+__device__ __forceinline__ void ws_x_stage(const WsX<MT>& xr, uint8_t* ring, uint64_t* full, uint64_t* empty, int r,
+                                           int tid, int lane) {
+  const int s = r % STAGES;
+  if (r >= STAGES) mbar_wait(empty + s, ((r / STAGES) - 1) & 1);
+  ws_x_store<MT>(xr, ring + s * SLOT, tid);
+  fence_proxy_async();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(full + s);
 }
 
 // The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
@@ -1485,7 +1512,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 257);  // the producer's bytes + the 256 consumer threads' X copies
+      mbar_init(full + s, 9);  // the producer's bytes + the 8 consumer warps' X stores
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
@@ -1508,11 +1535,31 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    // X: records 0 .. STAGES − P − 1 now, then each P records before its use (P = 2: the record-pair loop, a pair's
-    // second slot being released only at the pair's end).
+    // X: records 0 .. STAGES − P − 1 staged now, the next P left in registers (xr[p] holds record STAGES − P + p),
+    // each stored P records before its use (P = 2: the record-pair loop; a pair's second slot is released only at the
+    // pair's end).  P = 1: all the prologue's loads first, then its stores; P = 2 (nt = 16, where a third and fourth
+    // register set spill) through the two sets, record r in set (r − STAGES) mod 2.
     constexpr int P = NT >= 16 ? 2 : 1;
-    for (int r = 0; r < STAGES - P && r < nrec; ++r)
-      ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + r, r, warp, lane);
+    WsX<MT> xr[P];
+    if constexpr (P == 1) {
+      WsX<MT> pre[STAGES - 1];
+#pragma unroll
+      for (int r = 0; r < STAGES - 1; ++r)
+        if (r < nrec) ws_x_load<MT>(pre[r], x, ldx, M, m0, a + r, tid);
+#pragma unroll
+      for (int r = 0; r < STAGES - 1; ++r)
+        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(pre[r], ring, full, empty, r, tid, lane);
+      if (STAGES - 1 < nrec) ws_x_load<MT>(xr[0], x, ldx, M, m0, a + STAGES - 1, tid);
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (r < nrec) ws_x_load<MT>(xr[(r + STAGES) & 1], x, ldx, M, m0, a + r, tid);
+#pragma unroll
+      for (int r = 0; r < STAGES - 2; ++r) {
+        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(xr[(r + STAGES) & 1], ring, full, empty, r, tid, lane);
+        if (r + 2 < nrec) ws_x_load<MT>(xr[(r + STAGES) & 1], x, ldx, M, m0, a + r + 2, tid);
+      }
+    }
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
@@ -1525,17 +1572,17 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
       mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
       ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
-      fence_proxy_async();  // the X copies (generic proxy) before wgmma reads them
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot0));
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
 #pragma unroll
-      for (int p = 0; p < P; ++p)  // records i + STAGES − 2 + p into the slots of i − 2 + p (released last pair)
-        if (i + STAGES - P + p < nrec)
-          ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + i + STAGES - P + p, i + STAGES - P + p, warp,
-                                      lane);
+      for (int p = 0; p < P; ++p) {  // records i + STAGES − 2 + p into the slots of i − 2 + p (released last pair)
+        const int r = i + STAGES - P + p;
+        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(xr[p], ring, full, empty, r, tid, lane);
+        if (r + P < nrec) ws_x_load<MT>(xr[p], x, ldx, M, m0, a + r + P, tid);
+      }
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
@@ -1554,14 +1601,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       const uint8_t* slot = ring + s * SLOT;
       uint32_t fa[4][4];
       ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      fence_proxy_async();  // the X copies (generic proxy) before wgmma reads them
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
       if (P == 1) {  // record i + STAGES − 1 into the slot of i − 1 (at P = 2 every record is staged by now)
         const int r = i + STAGES - 1;
-        if (r < nrec) ws_x_copy<MT, STAGES, SLOT>(ring, full, empty, x, ldx, M, m0, a + r, r, warp, lane);
+        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(xr[0], ring, full, empty, r, tid, lane);
+        if (r + 1 < nrec) ws_x_load<MT>(xr[0], x, ldx, M, m0, a + r + 1, tid);
       }
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
