@@ -1305,26 +1305,28 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 
 // ---- the ws kernel's pieces
 
-// The producer warp (lane 0 copies): record a + i -> slot i % STAGES, once the slot's `empty` completed (its X tile
-// is staged by the consumers, ws_x_store).
+// The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
 // wfirst: the record copies carry L2 evict_first (each record is read by the CTAs of one record row only, the X
 // tiles by every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32
 // (2026-12-03-ab-ws-l2-h200-s26.md; evict_normal measured the same as no hint, X tiles evict_last no better:
 // -ab-ws-x-evict-last-FAILED-s26.md).
 template <int NT, bool VIEW, int STAGES>
-__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec, int nb,
-                                           int KB, int a, int nrec, int lane, bool wfirst) {
+__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
+                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
+                                           int lane, bool wfirst) {
   uint64_t first;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
+  const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, WBYTES);
+      mbar_expect(full + s, XB + WBYTES);
+      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
       if (wfirst)
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
@@ -1332,55 +1334,6 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
     }
     __syncwarp();
   }
-}
-
-// X tiles staged by the consumer warps (no reorder kernel before the call): thread c (0..255) holds the 16-byte
-// chunks c, c + 256, … of the tile's MT × 8 (row m = chunk / 8, columns 8q .. 8q + 7 of the record's 64, q = chunk % 8)
-// in registers, loaded one record ahead (ws_x_load), and stores them in the slot's wgmma k order (ws_x_store).
-// Word e of chunk q = column pair P = 4q + e has wg_word(P) = 8s + t + 4h with t = q / 2, s = 2(q & 1) + e / 2,
-// h = e & 1: chunk 4(q & 1) + e of the row (swizzled: ^ (m & 7)), word q / 2 — the 32 lanes of a store hit 32 banks.
-template <int MT>
-struct WsX {
-  uint4 v[(MT * 8 + 255) / 256];
-};
-
-template <int MT>
-__device__ __forceinline__ void ws_x_load(WsX<MT>& r, const __nv_bfloat16* x, int ldx, int M, int m0, int kb,
-                                          int tid) {
-#pragma unroll
-  for (int j = 0; j < (MT * 8 + 255) / 256; ++j) {
-    const int c = tid + 256 * j, m = c >> 3, q = c & 7;
-    r.v[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (c < MT * 8 && m0 + m < M)
-      r.v[j] = __ldg(reinterpret_cast<const uint4*>(x + (size_t)(m0 + m) * ldx + 64 * kb + 8 * q));
-  }
-}
-
-template <int MT>
-__device__ __forceinline__ void ws_x_store(const WsX<MT>& r, uint8_t* slot, int tid) {
-#pragma unroll
-  for (int j = 0; j < (MT * 8 + 255) / 256; ++j) {
-    const int c = tid + 256 * j, m = c >> 3, q = c & 7;
-    if (c < MT * 8) {
-      uint8_t* row = slot + m * 128 + 4 * (q >> 1);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        *reinterpret_cast<uint32_t*>(row + (((4 * (q & 1) + e) ^ (m & 7)) << 4)) = word(r.v[j], e);
-    }
-  }
-}
-
-// Record r's X tile (in xr) into its slot, once every consumer warp released the slot's previous record r − STAGES,
-// then visible to wgmma (proxy fence) and counted on the slot's `full` (8 consumer arrivals + the producer's bytes).
-template <int MT, int STAGES, int SLOT>
-__device__ __forceinline__ void ws_x_stage(const WsX<MT>& xr, uint8_t* ring, uint64_t* full, uint64_t* empty, int r,
-                                           int tid, int lane) {
-  const int s = r % STAGES;
-  if (r >= STAGES) mbar_wait(empty + s, ((r / STAGES) - 1) & 1);
-  ws_x_store<MT>(xr, ring + s * SLOT, tid);
-  fence_proxy_async();
-  __syncwarp();
-  if (lane == 0) mbar_arrive(full + s);
 }
 
 // The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
@@ -1512,7 +1465,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 9);  // the producer's bytes + the 8 consumer warps' X stores
+      mbar_init(full + s, 1);
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
@@ -1526,7 +1479,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, nb, KB, a, nrec, lane, wfirst != 0);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1535,31 +1488,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    // X: records 0 .. STAGES − P − 1 staged now, the next P left in registers (xr[p] holds record STAGES − P + p),
-    // each stored P records before its use (P = 2: the record-pair loop; a pair's second slot is released only at the
-    // pair's end).  P = 1: all the prologue's loads first, then its stores; P = 2 (nt = 16, where a third and fourth
-    // register set spill) through the two sets, record r in set (r − STAGES) mod 2.
-    constexpr int P = NT >= 16 ? 2 : 1;
-    WsX<MT> xr[P];
-    if constexpr (P == 1) {
-      WsX<MT> pre[STAGES - 1];
-#pragma unroll
-      for (int r = 0; r < STAGES - 1; ++r)
-        if (r < nrec) ws_x_load<MT>(pre[r], x, ldx, M, m0, a + r, tid);
-#pragma unroll
-      for (int r = 0; r < STAGES - 1; ++r)
-        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(pre[r], ring, full, empty, r, tid, lane);
-      if (STAGES - 1 < nrec) ws_x_load<MT>(xr[0], x, ldx, M, m0, a + STAGES - 1, tid);
-    } else {
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (r < nrec) ws_x_load<MT>(xr[(r + STAGES) & 1], x, ldx, M, m0, a + r, tid);
-#pragma unroll
-      for (int r = 0; r < STAGES - 2; ++r) {
-        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(xr[(r + STAGES) & 1], ring, full, empty, r, tid, lane);
-        if (r + 2 < nrec) ws_x_load<MT>(xr[(r + STAGES) & 1], x, ldx, M, m0, a + r + 2, tid);
-      }
-    }
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
@@ -1577,12 +1505,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_mma<NT>(acc, fa, saddr(slot0));
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
-#pragma unroll
-      for (int p = 0; p < P; ++p) {  // records i + STAGES − 2 + p into the slots of i − 2 + p (released last pair)
-        const int r = i + STAGES - P + p;
-        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(xr[p], ring, full, empty, r, tid, lane);
-        if (r + P < nrec) ws_x_load<MT>(xr[p], x, ldx, M, m0, a + r + P, tid);
-      }
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
@@ -1605,11 +1527,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
-      if (P == 1) {  // record i + STAGES − 1 into the slot of i − 1 (at P = 2 every record is staged by now)
-        const int r = i + STAGES - 1;
-        if (r < nrec) ws_x_stage<MT, STAGES, SLOT>(xr[0], ring, full, empty, r, tid, lane);
-        if (r + 1 < nrec) ws_x_load<MT>(xr[0], x, ldx, M, m0, a + r + 1, tid);
-      }
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
@@ -1647,6 +1564,9 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
     set = smem;
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
+  const long words = (long)mpad * KB * 32;
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
