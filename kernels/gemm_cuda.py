@@ -239,6 +239,18 @@ def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
     return TcConfig(nt, split)
 
 
+def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
+    """The ws config for a shape outside WS_TABLE, by the table's pattern: the smallest nt that holds M; split K
+    until the grid nearly fills one wave (2 CTAs per SM up to nt = 8, 1 at nt = 16; 132 SMs) — ~240 CTAs, or ~120
+    at nt = 16 — with at most 8 splits and at least 8 records each; grids of ≥ 200 tiles are not split.  The LM-head
+    sizes (N ≥ 100 000) at M ≤ 32 copy records without the evict_first hint, as their table entries do."""
+    nt = next(v for v in WS_NTS if m <= 8 * v)
+    tiles, kb = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)), k // 64
+    target = 120 if nt == 16 else 240
+    split = 1 if tiles >= 200 else max(1, min(8, target // tiles, kb // 8))
+    return WsConfig(nt, split, evict_first=not (n >= 100_000 and m <= 32))
+
+
 def _nt_for(m: int) -> int:
     for nt in (1, 2, 4):
         if m <= 8 * nt:

@@ -1,0 +1,156 @@
+"""W12 GEMM at M = 16…128 on shapes outside the measured tables: the ws kernel with gemm_cuda.ws_rule_config against
+what kernel_for falls back to without a table entry (the skinny or the tensor-core kernel) and cuBLAS BF16.  One GPU
+call.
+
+    W12_CUDA=1 python bench/unseen_shapes.py [--ms 16,32,48,64,128] [--out DIR]
+
+WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.py only; a model with other widths
+(Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule.  Part 1, the rule on the table's own shapes: wherever
+ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows better).
+Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the fallback, each checked
+first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same bits), then
+timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
+OUT/unseen_shapes.md, rewritten after every row.
+"""
+
+import argparse
+import datetime
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels import SHAPES, Mat, bench, decode_gpu, rel  # noqa: E402  (bench/kernels.py)
+
+from w12.kernels import gemm_cuda as gc  # noqa: E402
+
+UNSEEN = {
+    "Llama-3.1-70B": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
+    "Qwen2.5-7B": [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944), (152064, 3584)],
+    "Llama-2-7B down": [(4096, 11008)],
+    "SmolLM2-135M": [(960, 576), (576, 576), (3072, 576), (576, 1536)],
+}
+
+
+def fallback_config(m: int, n: int, k: int, view: bool):
+    """kernel_for's choice where no table holds the shape (the skinny or the tensor-core kernel)."""
+    if m <= 16:
+        tc = False
+    elif m <= 32:
+        tc = n >= 100_000 or (n >= 28672 and k <= 4096)
+    else:
+        tc = m > 64 or n * k >= 20_000_000
+    return gc.pick_tc_config(m, n, k) if tc else gc.pick_config(m, n, k, view)
+
+
+def short(cfg) -> str:
+    if isinstance(cfg, gc.WsConfig):
+        return f"ws {cfg.nt}/{cfg.split}" + ("" if cfg.evict_first else " nohint")
+    if isinstance(cfg, gc.TcConfig):
+        return f"tc {cfg.nt}/{cfg.split}"
+    return f"skinny {cfg.nt}/{cfg.warps}/{cfg.unroll}/{cfg.split}"
+
+
+def checked(mt, x, refs, cfg, view):
+    """Run cfg twice: (relative error against the reference, same bits)."""
+    y1, y2 = mt.run(x, view=view, cuda=cfg), mt.run(x, view=view, cuda=cfg)
+    return rel(y1, refs[view]), torch.equal(y1.view(torch.int16), y2.view(torch.int16))
+
+
+def case(mt, m, cfgs, seed):
+    """{name: (cfg, W12 µs, view µs, worst rel. error, deterministic)} and cuBLAS µs for X [m, k]."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, mt.k, device="cuda", generator=g).to(torch.bfloat16)
+    refs = {False: x.float() @ mt.w.float().t(), True: x.float() @ mt.wq.t()}
+    out = {}
+    for name, (cw, cv) in cfgs.items():
+        (e1, d1), (e2, d2) = checked(mt, x, refs, cw, False), checked(mt, x, refs, cv, True)
+        if max(e1, e2) >= 1e-2 or not (d1 and d2):
+            raise AssertionError(f"{mt.n}×{mt.k} M={m} {name}: rel. errors {e1:.2e} / {e2:.2e}, deterministic {d1}/{d2}")
+        out[name] = (cw, bench(lambda: mt.run(x, cuda=cw)), bench(lambda: mt.run(x, view=True, cuda=cv)), max(e1, e2))
+    return out, bench(lambda: torch.matmul(x, mt.w.t()))
+
+
+def prepared(n, k, seed):
+    mt = Mat(n, k, seed)
+    mt.wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True).float()
+    return mt
+
+
+def gm(v):
+    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ms", default="16,32,48,64,128")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    ms = [int(v) for v in a.ms.split(",")]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    head = [f"# W12 at M = {a.ms} on shapes outside the tables: ws_rule_config vs the fallback — "
+            f"{datetime.date.today()}", "",
+            f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+            f"- command: `W12_CUDA=1 python bench/unseen_shapes.py --ms {a.ms}`",
+            "- µs: CUDA graph replay, do_bench (L2 flushed), median; ratio = cuBLAS µs / kernel µs; every config "
+            "checked first (rel. error < 1e-2 against the fp32 product of the decoded weights, two runs the same bits)",
+            ""]
+    part1 = ["## 1. The rule where it differs from WS_TABLE (the table's shapes)", "",
+             "| N×K | M | cuBLAS µs | table | µs | rule | µs | rule / table time | view: table µs | rule µs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    part2 = ["## 2. Shapes outside the tables", "",
+             "| model | N×K | M | cuBLAS µs | fallback | W12 µs | view µs | rule | W12 µs | view µs | W12 ratio: "
+             "fallback | rule | view ratio: fallback | rule |", "|---" * 14 + "|"]
+    ratios: dict = {}
+
+    def write():
+        summ = ["## Summary: geomean of cuBLAS µs / kernel µs over the unseen shapes", "",
+                "| M | W12 fallback | W12 rule | view fallback | view rule |", "|---|---|---|---|---|"]
+        for m in ms:
+            r = ratios.get(m, {})
+            summ.append(f"| {m} | " + " | ".join(f"{gm(r.get(c, [])):.3f}" for c in ("wf", "wr", "vf", "vr")) + " |")
+        (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
+
+    for si, (n, k) in enumerate(SHAPES):
+        diff = [m for m in ms if (n, k, gc.xs_bucket(m)) in gc.WS_TABLE
+                and gc.ws_rule_config(m, n, k) != gc.WS_TABLE[(n, k, gc.xs_bucket(m))]]
+        if not diff:
+            continue
+        mt = prepared(n, k, 100 + si)
+        for m in diff:
+            tab, rule = gc.WS_TABLE[(n, k, gc.xs_bucket(m))], gc.ws_rule_config(m, n, k)
+            r, cub = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
+            part1.append(f"| {n}×{k} | {m} | {cub:.1f} | {short(tab)} | {r['table'][1]:.1f} | {short(rule)} | "
+                         f"{r['rule'][1]:.1f} | {r['rule'][1] / r['table'][1]:.3f} | {r['table'][2]:.1f} | "
+                         f"{r['rule'][2]:.1f} |")
+            print(part1[-1], flush=True)
+            write()
+        del mt
+        torch.cuda.empty_cache()
+    for model, shapes in UNSEEN.items():
+        for si, (n, k) in enumerate(shapes):
+            mt = prepared(n, k, 500 + si)
+            for m in ms:
+                rule = gc.ws_rule_config(m, n, k)
+                fb = {v: fallback_config(m, n, k, v) for v in (False, True)}
+                r, cub = case(mt, m, {"fallback": (fb[False], fb[True]), "rule": (rule, rule)}, m)
+                (_, fw, fv, _), (_, rw, rv, _) = r["fallback"], r["rule"]
+                for key, t in (("wf", fw), ("wr", rw), ("vf", fv), ("vr", rv)):
+                    ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
+                part2.append(f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(fb[False])} | {fw:.1f} | {fv:.1f} | "
+                             f"{short(rule)} | {rw:.1f} | {rv:.1f} | {cub / fw:.3f} | {cub / rw:.3f} | "
+                             f"{cub / fv:.3f} | {cub / rv:.3f} |")
+                print(part2[-1], flush=True)
+                write()
+            del mt
+            torch.cuda.empty_cache()
+    write()
+    print((out / "unseen_shapes.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
