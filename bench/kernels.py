@@ -484,11 +484,7 @@ def main():
             c_cb = bench(lambda: torch.matmul(x, wb.t()), clean=True)
             c_w = bench(lambda: mt.op(x), clean=True)
             c_v = bench(lambda: mt.op(x, view=True), clean=True)
-            t_other = None  # the CUDA kernel the dispatcher did not pick (skinny or tensor-core)
             kind = gc.kernel_for(m, n, k) if gc.usable(x, mt.records, mt.exps, n) else None
-            if 8 < m <= 64 and kind == "wgmma":  # the skinny kernel where the tensor-core one is dispatched
-                alt = gc.pick_config(m, n, k)  # (the other way round: the wgmma columns below)
-                t_other = bench(lambda: mt.run(x, cuda=alt))
             t_wg = t_wgv = None  # the wgmma tensor-core kernel, W12 and view
             if m > 8 and cuda_ok:
                 cw = gc.pick_tc_config(m, n, k)
@@ -500,7 +496,7 @@ def main():
                 c = (f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
                      + (" xreg" if cc.xreg else ""))
             elif kind == "ws":
-                cc = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
+                cc = gc.dispatched_config(m, n, k)
                 c = f"cuda-ws {cc.nt}/{cc.split}"
             elif kind == "xs":
                 cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
@@ -513,12 +509,7 @@ def main():
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
                              c_cublas=c_cb, c_w12=c_w, c_view=c_v,
                              tb_cublas=mt.bytes(m, "bf16") / t_cb / 1e6, tb_w12=mt.bytes(m, "w12") / t_w / 1e6,
-                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, other=t_other, wg=t_wg, wgv=t_wgv))
-    print("dispatched vs the other CUDA kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched (config) | other")
-    for r in rows:
-        if r.get("other"):
-            print(f"  {r['n']}x{r['k']} M={r['m']}: {r['cublas']:.1f} | {r['w12']:.1f} ({r['cublas'] / r['w12']:.2f}, "
-                  f"{r['cfg']}) | {r['other']:.1f} ({r['cublas'] / r['other']:.2f})")
+                             tb_view=mt.bytes(m, "view") / t_v / 1e6, cfg=c, wg=t_wg, wgv=t_wgv))
     print("wgmma tensor-core kernel, do_bench µs (ratio to cuBLAS): N×K M cuBLAS | dispatched | wgmma W12 | wgmma view")
     for r in rows:
         if r.get("wg"):

@@ -1,11 +1,12 @@
 """W12 GEMM at M = 16…128 on shapes outside the measured tables: the ws kernel with gemm_cuda.ws_rule_config against
-what kernel_for falls back to without a table entry (the skinny or the tensor-core kernel) and cuBLAS BF16.  One GPU
-call.
+what kernel_for fell back to before session 27 without a table entry (the skinny or the tensor-core kernel) and
+cuBLAS BF16.  One GPU call.
 
     W12_CUDA=1 python bench/unseen_shapes.py [--ms 16,32,48,64,128] [--out DIR]
 
 WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.py only; a model with other widths
-(Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule.  Part 1, the rule on the table's own shapes: wherever
+(Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule, which this bench measured: "now" is what kernel_for
+dispatches (the rule's ws config, or the skinny kernel where the rule keeps it).  Part 1, the rule on the table's own shapes: wherever
 ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows better).
 Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the fallback, each checked
 first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same bits), then
@@ -36,7 +37,7 @@ UNSEEN = {
 
 
 def fallback_config(m: int, n: int, k: int, view: bool):
-    """kernel_for's choice where no table holds the shape (the skinny or the tensor-core kernel)."""
+    """kernel_for's choice before session 27 where no table held the shape (the skinny or the tensor-core kernel)."""
     if m <= 16:
         tc = False
     elif m <= 32:
@@ -103,16 +104,18 @@ def main():
              "| N×K | M | cuBLAS µs | table | µs | rule | µs | rule / table time | view: table µs | rule µs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     part2 = ["## 2. Shapes outside the tables", "",
-             "| model | N×K | M | cuBLAS µs | fallback | W12 µs | view µs | rule | W12 µs | view µs | W12 ratio: "
-             "fallback | rule | view ratio: fallback | rule |", "|---" * 14 + "|"]
+             "| model | N×K | M | cuBLAS µs | fallback | W12 µs | view µs | rule | W12 µs | view µs | now | W12 ratio: "
+             "fallback | rule | view ratio: fallback | rule |", "|---" * 15 + "|"]
     ratios: dict = {}
 
     def write():
         summ = ["## Summary: geomean of cuBLAS µs / kernel µs over the unseen shapes", "",
-                "| M | W12 fallback | W12 rule | view fallback | view rule |", "|---|---|---|---|---|"]
+                "| M | W12 fallback | W12 rule | W12 now | view fallback | view rule | view now |",
+                "|---|---|---|---|---|---|---|"]
         for m in ms:
             r = ratios.get(m, {})
-            summ.append(f"| {m} | " + " | ".join(f"{gm(r.get(c, [])):.3f}" for c in ("wf", "wr", "vf", "vr")) + " |")
+            summ.append(f"| {m} | " + " | ".join(f"{gm(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn"))
+                        + " |")
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
     for si, (n, k) in enumerate(SHAPES):
@@ -139,10 +142,13 @@ def main():
                 fb = {v: fallback_config(m, n, k, v) for v in (False, True)}
                 r, cub = case(mt, m, {"fallback": (fb[False], fb[True]), "rule": (rule, rule)}, m)
                 (_, fw, fv, _), (_, rw, rv, _) = r["fallback"], r["rule"]
-                for key, t in (("wf", fw), ("wr", rw), ("vf", fv), ("vr", rv)):
+                now = gc.kernel_for(m, n, k)
+                assert now in ("ws", "skinny") and (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
+                nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: the fallback's own choice
+                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv)):
                     ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
                 part2.append(f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(fb[False])} | {fw:.1f} | {fv:.1f} | "
-                             f"{short(rule)} | {rw:.1f} | {rv:.1f} | {cub / fw:.3f} | {cub / rw:.3f} | "
+                             f"{short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | {cub / rw:.3f} | "
                              f"{cub / fv:.3f} | {cub / rv:.3f} |")
                 print(part2[-1], flush=True)
                 write()

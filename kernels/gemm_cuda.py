@@ -186,26 +186,41 @@ def xs_bucket(m: int) -> int | None:
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (41 of the 50
-    (shape, M bucket) pairs of 9–128, 2026-12-03-ws-configs-h200-s18.md), then "xs" where XS_TABLE does (31,
-    2026-12-02-xs-configs-h200-s12.md), else
-    "skinny", "wgmma" (the tensor-core kernel) or None (the Triton kernel).  Where each measured fastest
-    (do_bench, the skinny configs of TABLE and the splits of TC_SPLIT; 2026-12-02-kernels-cuda-h200-s10.md):
-      M ≤ 16: skinny;  17–32: wgmma for the LM heads (N ≥ 100 000) and 28672×4096, else skinny (51200×5120
-      180 vs 202 µs, 5120×25600 107 vs 111);  33–64: wgmma from 20 M weights, skinny below (4096²);
-      65–128: wgmma (ahead of Triton on every shape)."""
+    (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "xs" where XS_TABLE does (every key of which
+    WS_TABLE also holds), then "skinny" where the skinny TABLE measured that shape at that M (those shapes' other
+    buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at M = 17–32); None above M = 128 (decode +
+    cuBLAS, or the Triton kernel).  Shapes outside the tables (another model's widths) by the tables' pattern,
+    measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
+    2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–64 below
+    4 M weights (SmolLM2's widths, where the ws kernel's grid is a few CTAs); the ws kernel with ws_rule_config
+    elsewhere — at M = 17–128 it was 1.0–2.5× the skinny / tensor-core kernel that took those calls before.  (The
+    tensor-core kernel, "wgmma", is now dispatched nowhere: it runs by an explicit TcConfig.)"""
     if (n, k, xs_bucket(m)) in WS_TABLE:
         return "ws"
     if (n, k, xs_bucket(m)) in XS_TABLE:
         return "xs"
-    if m <= 16:
+    if m > 128:
+        return None
+    if m <= 8 or (m <= 64 and (n, k, 8 * _nt_for(m), False) in TABLE):
         return "skinny"
-    if m <= 32:
-        return "wgmma" if n >= 100_000 or (n >= 28672 and k <= 4096) else "skinny"
-    if m <= 64:
-        return "wgmma" if n * k >= 20_000_000 else "skinny"
-    if m <= 128:
-        return "wgmma"
-    return None
+    if m <= 16:
+        return "ws" if n >= 51200 else "skinny"
+    if m <= 64 and n * k < 4 << 20:
+        return "skinny"
+    return "ws"
+
+
+def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
+    """The ws config for a shape outside WS_TABLE, by the table's pattern: the smallest nt that holds M; split K
+    while the grid fits one wave (2 CTAs per SM up to nt = 8, 1 at nt = 16; 132 SMs) and each split keeps ≥ 16
+    records, at most 8 splits; grids of ≥ 200 tiles are not split.  The LM-head sizes (N ≥ 100 000) at M ≤ 32 copy
+    records without the evict_first hint, as their table entries do.  On the table's shapes it matches 31 of the 41
+    entries; where it differs it measured 1–7 % slower (bench/unseen_shapes.py part 1)."""
+    nt = next(v for v in WS_NTS if m <= 8 * v)
+    tiles, kb = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)), k // 64
+    slots = 132 if nt == 16 else 264
+    split = 1 if tiles >= 200 else max(1, min(8, slots // tiles, kb // 16))
+    return WsConfig(nt, split, evict_first=not (n >= 100_000 and m <= 32))
 
 
 # (N, K, nt) -> split of the tensor-core kernel: the fastest of 1/2/4/8 at M = 8·nt (bench/tc_configs.py,
@@ -237,18 +252,6 @@ def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
     while split < 8 and ctas * split * 2 <= slots and kb // (2 * split) >= 8:
         split *= 2
     return TcConfig(nt, split)
-
-
-def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
-    """The ws config for a shape outside WS_TABLE, by the table's pattern: the smallest nt that holds M; split K
-    until the grid nearly fills one wave (2 CTAs per SM up to nt = 8, 1 at nt = 16; 132 SMs) — ~240 CTAs, or ~120
-    at nt = 16 — with at most 8 splits and at least 8 records each; grids of ≥ 200 tiles are not split.  The LM-head
-    sizes (N ≥ 100 000) at M ≤ 32 copy records without the evict_first hint, as their table entries do."""
-    nt = next(v for v in WS_NTS if m <= 8 * v)
-    tiles, kb = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)), k // 64
-    target = 120 if nt == 16 else 240
-    split = 1 if tiles >= 200 else max(1, min(8, target // tiles, kb // 8))
-    return WsConfig(nt, split, evict_first=not (n >= 100_000 and m <= 32))
 
 
 def _nt_for(m: int) -> int:
@@ -406,7 +409,7 @@ def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig 
     """The kernel and config that `launch` runs for Y[m, n] = X·Wᵀ when it is given none (kernel_for's choice)."""
     kind = kernel_for(m, n, k)
     if kind == "ws":
-        return WS_TABLE[(n, k, xs_bucket(m))]
+        return WS_TABLE.get((n, k, xs_bucket(m))) or ws_rule_config(m, n, k)
     if kind == "xs":
         return XS_TABLE[(n, k, xs_bucket(m))]
     return pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k)

@@ -29,11 +29,11 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice(monkeypatch):
-    """The ws kernel where WS_TABLE measured it faster, then the xs kernel where XS_TABLE did; elsewhere the skinny
-    kernel up to 16 rows and for narrow
-    matrices, the wgmma tensor-core kernel from 17 rows on the LM heads and 28672×4096 and from 33 rows from 20 M
-    weights (where each measured faster); nt covers M, split comes from the measured TC_SPLIT, else fills the GPU
-    and stays ≤ 8 (the split-K reduction keeps at most 8 partials in flight)."""
+    """The ws kernel where WS_TABLE measured it faster, then the xs kernel where XS_TABLE did, then the skinny kernel
+    where its TABLE measured the shape at that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the
+    skinny kernel up to M = 8, at 9–16 below N = 51200 and at 17–64 below 4 M weights, elsewhere the ws kernel with
+    ws_rule_config (nt covers M; split fills one wave, ≥ 16 records each, ≤ 8); None above M = 128.  The tensor-core
+    kernel's split rule (an explicit TcConfig): TC_SPLIT's measured choice, else fills the GPU, ≤ 8."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
@@ -41,15 +41,21 @@ def test_kernel_choice(monkeypatch):
     assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == "skinny"
     monkeypatch.setattr(gc, "WS_TABLE", {})
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == "xs"
-    assert kf(64, 6144, 4096) == "wgmma"
-    monkeypatch.setattr(gc, "XS_TABLE", {})  # the rule below the tables
-    assert kf(1, 151936, 5120) == kf(16, 151936, 5120) == kf(32, 14336, 4096) == "skinny"
-    assert kf(64, 4096, 4096) == "skinny" and kf(48, 4096, 4096) == "skinny"
-    assert kf(32, 51200, 5120) == kf(32, 5120, 25600) == "skinny"
-    assert kf(32, 28672, 4096) == kf(17, 128256, 4096) == kf(32, 151936, 5120) == "wgmma"
-    assert kf(64, 51200, 5120) == kf(33, 6144, 4096) == kf(64, 4096, 14336) == "wgmma"
-    assert kf(128, 4096, 4096) == kf(128, 6144, 4096) == kf(128, 5120, 25600) == kf(128, 28672, 4096) == "wgmma"
-    assert kf(129, 4096, 4096) is None
+    monkeypatch.setattr(gc, "XS_TABLE", {})  # the skinny TABLE's measured buckets, then the rule
+    assert kf(1, 151936, 5120) == kf(16, 6144, 4096) == kf(32, 4096, 4096) == kf(64, 51200, 5120) == "skinny"
+    assert kf(128, 4096, 4096) == "ws" and kf(129, 4096, 4096) is None
+    # shapes no table holds (Llama-3.1-70B, Qwen2.5-7B, SmolLM2-135M)
+    assert kf(8, 57344, 8192) == kf(16, 8192, 8192) == kf(16, 37888, 3584) == "skinny"
+    assert kf(9, 57344, 8192) == kf(16, 152064, 3584) == "ws"
+    assert kf(32, 960, 576) == kf(64, 3072, 576) == "skinny" and kf(128, 576, 576) == "ws"
+    assert kf(17, 3584, 3584) == kf(48, 10240, 8192) == kf(128, 8192, 28672) == "ws"
+    rule = gc.ws_rule_config
+    assert rule(48, 10240, 8192) == gc.WsConfig(6, 3) and rule(128, 8192, 28672) == gc.WsConfig(16, 2)
+    assert rule(20, 152064, 3584) == gc.WsConfig(4, 1, evict_first=False) and rule(64, 57344, 8192) == gc.WsConfig(8, 1)
+    assert rule(128, 576, 576) == gc.WsConfig(16, 1)  # 9 records: no split
+    assert gc.dispatched_config(40, 10240, 8192) == gc.WsConfig(6, 3)
+    assert all(rule(m, n, k).split <= min(8, k // 64) and m <= 8 * rule(m, n, k).nt for m in (9, 17, 33, 64, 65, 128)
+               for n in (128, 1000, 4096, 57344) for k in (64, 576, 4096, 65536))
     assert all(gc.pick_tc_config(m, n, k).split <= 8 for m in (17, 64, 128) for n in (128, 1024, 4096)
                for k in (4096, 14336, 65536))
     assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)
