@@ -193,7 +193,7 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
     2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–64 below
     4 M weights (SmolLM2's widths, where the ws kernel's grid is a few CTAs); the ws kernel with ws_rule_config
-    elsewhere — at M = 17–128 it was 1.0–2.5× the skinny / tensor-core kernel that took those calls before.  (The
+    elsewhere — at M = 17–128 it was 1.1–2.2× the skinny / tensor-core kernel that took those calls before.  (The
     tensor-core kernel, "wgmma", is now dispatched nowhere: it runs by an explicit TcConfig.)"""
     if (n, k, xs_bucket(m)) in WS_TABLE:
         return "ws"
@@ -214,8 +214,9 @@ def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
     """The ws config for a shape outside WS_TABLE, by the table's pattern: the smallest nt that holds M; split K
     while the grid fits one wave (2 CTAs per SM up to nt = 8, 1 at nt = 16; 132 SMs) and each split keeps ≥ 16
     records, at most 8 splits; grids of ≥ 200 tiles are not split.  The LM-head sizes (N ≥ 100 000) at M ≤ 32 copy
-    records without the evict_first hint, as their table entries do.  On the table's shapes it matches 31 of the 41
-    entries; where it differs it measured 1–7 % slower (bench/unseen_shapes.py part 1)."""
+    records without the evict_first hint, as their table entries do.  On the table's shapes it matches 32 of the 41
+    entries; where it differs it measured 0.99–1.06× the table's time (bench/unseen_shapes.py part 1,
+    2026-12-04-unseen-shapes-h200-s27.md)."""
     nt = next(v for v in WS_NTS if m <= 8 * v)
     tiles, kb = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)), k // 64
     slots = 132 if nt == 16 else 264
