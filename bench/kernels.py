@@ -163,7 +163,7 @@ def bench_clean(replay, n=60):
 
 
 def sweep_cases(ms, seed0: int = 100):
-    """The config sweeps' common loop (bench/tc_configs.py, bench/xs_configs.py): for every SHAPES entry and M in
+    """The config sweeps' common loop (bench/tc_configs.py, bench/ws_configs.py, bench/skinny_configs.py): for every SHAPES entry and M in
     ms, (n, k, m, Mat, x, fp32 reference, cuBLAS BF16 µs); GPU memory released after each shape."""
     for si, (n, k) in enumerate(SHAPES):
         mt = Mat(n, k, seed0 + si)
@@ -172,6 +172,67 @@ def sweep_cases(ms, seed0: int = 100):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             yield n, k, m, mt, x, x.float() @ wf.t(), bench(lambda: torch.matmul(x, mt.w.t()))
         torch.cuda.empty_cache()
+
+
+def identity_product(cands, variant_of) -> set:
+    """Each config of cands on N = 300 × K = 1024 with escapes, X = the identity (Y = W as the kernel decodes it),
+    with a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes restored.  Returns
+    variant_of(config) for those that failed (printed)."""
+    n, k = 300, 1024
+    w = make_weight(n, k, 3)
+    w.view(-1)[::997] = torch.tensor(100.0, dtype=torch.bfloat16)  # out-of-window weights: escapes
+    mt, esc = mat_of(w)
+    wq = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
+    bad = set()
+    for cfg in cands:
+        for m in (8 * cfg.nt, 8 * cfg.nt - 3):  # a full M tile and a partial one
+            try:
+                yt, yq = mt.seen(m, cuda=cfg), mt.seen(m, view=True, cuda=cfg)
+            except RuntimeError as e:  # a launch error
+                print(f"FAIL identity product {cfg} M={m}: {e}", flush=True)
+                bad.add(variant_of(cfg))
+                continue
+            fails = [what for what, ok in (
+                ("decode", torch.equal(yt.view(torch.int16)[~esc], w.view(torch.int16)[~esc])),
+                ("escapes", torch.allclose(yt[esc].float(), w[esc].float(), rtol=2**-8, atol=1e-6)),
+                ("view", torch.equal(yq.view(torch.int16)[~esc], wq.view(torch.int16)[~esc]))) if not ok]
+            if fails:
+                print(f"FAIL identity product {cfg} M={m}: {', '.join(fails)}", flush=True)
+                bad.add(variant_of(cfg))
+    return bad
+
+
+def run_isolated(script: str, variants, arg_of, limit_s: int = 180) -> set:
+    """`python script --identity arg_of(v)` for every variant, all at once, each in its own process: an illegal access
+    (which ends a CUDA process) or a hang (killed after limit_s) then only disqualifies its own variant.  Prints a
+    line per failure and a summary; returns the variants that failed, crashed or hung."""
+    procs = {v: subprocess.Popen([sys.executable, script, "--identity", arg_of(v)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True) for v in variants}
+    bad = set()
+    for v, p in procs.items():
+        try:
+            out = p.communicate(timeout=limit_s)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0] + f"\n(no result within {limit_s} s: a hang)"
+        if p.returncode != 0:
+            tail = " | ".join(out.strip().splitlines()[-3:])
+            print(f"FAIL identity product, variant {v}: exit {p.returncode}: {tail}", flush=True)
+            bad.add(v)
+    print(f"identity product: {len(procs) - len(bad)} of {len(procs)} variants bit-exact (W12 and view, escapes, "
+          f"full and partial M tiles, split 1 and 3); failed: {sorted(bad) or 'none'}", flush=True)
+    return bad
+
+
+def write_files(out: str, kind: str, text: str, best_of: dict, raw) -> None:
+    """OUT/{kind}_configs.md (text), OUT/{kind}_table.py (a {KIND}_TABLE = {...} that W12_{KIND}_TABLE loads) and
+    OUT/{kind}_configs.json (raw)."""
+    with open(os.path.join(out, f"{kind}_configs.md"), "w") as fh:
+        fh.write(text)
+    with open(os.path.join(out, f"{kind}_table.py"), "w") as fh:
+        fh.write(f"{kind.upper()}_TABLE = {{\n" + "".join(f"    {key}: {c!r},\n" for key, c in best_of.items()) + "}\n")
+    with open(os.path.join(out, f"{kind}_configs.json"), "w") as fh:
+        json.dump(raw, fh, indent=1)
 
 
 def rel(y, ref):
@@ -498,9 +559,6 @@ def main():
             elif kind == "ws":
                 cc = gc.dispatched_config(m, n, k)
                 c = f"cuda-ws {cc.nt}/{cc.split}"
-            elif kind == "xs":
-                cc = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
-                c = f"cuda-xs {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}{'/mfirst' if cc.mfirst else ''}"
             elif kind:
                 cc = gc.pick_tc_config(m, n, k)
                 c = f"cuda-{kind} {cc.nt}/{cc.split}"

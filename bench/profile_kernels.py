@@ -8,8 +8,8 @@
     python bench/profile_kernels.py --pipes raw.csv --names names.txt   # tensor / ALU / LSU pipes, issue, shared memory
                                         # (profile with --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
 
-With W12_XS_TABLE=xs_table.py (bench/xs_configs.py) the xs kernel's config for the shape is profiled too, and the
-ws kernel's where WS_TABLE names one.  The tensor-core, xs (wgmma) and ws kernels launch an X-reordering kernel first:
+The ws kernel's config for the shape is profiled too where WS_TABLE names one.  The tensor-core and ws kernels launch
+an X-reordering kernel first:
 profile with --kernel-name regex:"gemm|gemv|nvjet" so that the n-th profiled kernel stays the n-th variant.
 Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
 starts, then launched once inside cudaProfilerStart/Stop, in the order of VARIANTS (printed to stderr),
@@ -59,11 +59,8 @@ def variants(cases=DEFAULT_CASES):
             if m > 8:
                 c = gc.pick_tc_config(m, n, k)
                 cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
-            if (n, k, gc.xs_bucket(m)) in gc.XS_TABLE:  # the xs kernel where an XS_TABLE (W12_XS_TABLE) names one
-                c = gc.XS_TABLE[(n, k, gc.xs_bucket(m))]
-                cands.append((f"xs {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
-            if (n, k, gc.xs_bucket(m)) in gc.WS_TABLE:  # the ws kernel where WS_TABLE (or W12_WS_TABLE) names one
-                c = gc.WS_TABLE[(n, k, gc.xs_bucket(m))]
+            if (n, k, gc.m_bucket(m)) in gc.WS_TABLE:  # the ws kernel where WS_TABLE (or W12_WS_TABLE) names one
+                c = gc.WS_TABLE[(n, k, gc.m_bucket(m))]
                 cands.append((f"ws {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
             for name, fn in cands:
                 y = fn()

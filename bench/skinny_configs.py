@@ -7,7 +7,7 @@ Its xreg form (CudaConfig.xreg: unroll 1, the next group's X words in registers;
 8 capped to keep its CTAs per SM) may beat the skinny configs that gemm_cuda.TABLE chose without it.
 1. Identity product (X = consecutive rows of the identity, Y[m, n] = W[n, i + m]) for every candidate on N = 300 ×
    K = 1024 with escapes, a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes
-   restored (bench/xs_configs.identity_product).
+   restored (bench/kernels.identity_product).
 2. Per (shape, M), W12 and view: every candidate CudaConfig(4, 4 or 8 warps, unroll 1, split 1/2/3/4/6/8, ± xreg)
    checked against the reference (decoded weights, fp32 matmul: relative ∞-norm error < 1e-2) and for
    determinism (the same bits over 3 runs), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2
@@ -25,8 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import bench, decode_gpu, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
-from xs_configs import identity_product  # noqa: E402
+from kernels import bench, decode_gpu, identity_product, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 

@@ -119,13 +119,13 @@ def main():
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
     for si, (n, k) in enumerate(SHAPES):
-        diff = [m for m in ms if (n, k, gc.xs_bucket(m)) in gc.WS_TABLE
-                and gc.ws_rule_config(m, n, k) != gc.WS_TABLE[(n, k, gc.xs_bucket(m))]]
+        diff = [m for m in ms if (n, k, gc.m_bucket(m)) in gc.WS_TABLE
+                and gc.ws_rule_config(m, n, k) != gc.WS_TABLE[(n, k, gc.m_bucket(m))]]
         if not diff:
             continue
         mt = prepared(n, k, 100 + si)
         for m in diff:
-            tab, rule = gc.WS_TABLE[(n, k, gc.xs_bucket(m))], gc.ws_rule_config(m, n, k)
+            tab, rule = gc.WS_TABLE[(n, k, gc.m_bucket(m))], gc.ws_rule_config(m, n, k)
             r, cub = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
             part1.append(f"| {n}×{k} | {m} | {cub:.1f} | {short(tab)} | {r['table'][1]:.1f} | {short(rule)} | "
                          f"{r['rule'][1]:.1f} | {r['rule'][1] / r['table'][1]:.3f} | {r['table'][2]:.1f} | "

@@ -4,7 +4,7 @@ shape, M = 16…128.  One GPU call.
 
     W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--out DIR]
 
-1. Identity product (bench/xs_configs.identity_product): every in-window weight decoded bit-exact, every escape
+1. Identity product (bench/kernels.identity_product): every in-window weight decoded bit-exact, every escape
    restored, W12 and 8-bit view, for nt 2/4/6/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
    partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
@@ -26,8 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import bench, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
-from xs_configs import identity_product, run_isolated, write_files  # noqa: E402
+from kernels import bench, identity_product, rel, run_isolated, sweep_cases, write_files  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 

@@ -118,7 +118,7 @@ def variant_source(diag: int) -> str:
 
 
 def config_for(gc, n, k, m):
-    cfg = gc.WS_TABLE.get((n, k, gc.xs_bucket(m)))
+    cfg = gc.WS_TABLE.get((n, k, gc.m_bucket(m)))
     if cfg is not None:
         return cfg
     nt, split = next(v for v in gc.WS_NTS if m <= 8 * v), 1

@@ -1,4 +1,4 @@
-"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, xs, ws): checks, config choice, launch.
+"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, ws): checks, config choice, launch.
 
     if gemm_cuda.usable(x, records, exponents, n):
         y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
@@ -49,19 +49,6 @@ class TcConfig:
 
 
 @dataclass(frozen=True)
-class XsConfig:
-    """The xs kernel (w12_gemm_xs_kernel: 16·warps channels × 8·nt X rows per CTA; X staged in shared memory in
-    chunks shared by the warps, each warp streaming its 16 channels' W words into registers; mma.sync, or wgmma
-    per warpgroup with wg)."""
-    nt: int  # X rows per CTA / 8: 2, 4 or 8 (wg: 4, 8 or 16)
-    warps: int  # 4 or 8 (16 channels each; wg: 8)
-    unroll: int  # records per pipeline stage per warp, 1 or 2 (two stages in flight)
-    split: int = 1  # CTAs along K
-    mfirst: bool = False  # the M tiles of a channel block launched next to each other (W read once from DRAM)
-    wg: bool = False  # wgmma instead of mma.sync (X put in wgmma k order first, as for the tensor-core kernel)
-
-
-@dataclass(frozen=True)
 class WsConfig:
     """The warp-specialized kernel (w12_gemm_ws_kernel: 128 channels × 8·nt X rows per CTA; a producer warp streams
     records and X tiles into a shared-memory ring with bulk copies, two warpgroups decode and run wgmma)."""
@@ -79,7 +66,7 @@ WS_NTS = (2, 4, 6, 8, 16)
 # faster; 38 of the 50; the M = 128 entries measured with the nt = 16 kernel taking records in pairs.
 # Session 26 (2026-12-03-ab-ws-l2-h200-s26.md): the record copies with L2 evict_first, 3–9 % faster at M = 32–64
 # except on the LM heads, which lose 2–3 % at M = 16–32 and keep the copies without a hint there (evict_first=False).
-# With them the ws kernel now also takes 4096×14336 at M = 17–32 (1.08× against xs; bench/ws_configs.py --ms 32,
+# With them the ws kernel now also takes 4096×14336 at M = 17–32 (1.08× against the xs kernel, since removed; bench/ws_configs.py --ms 32,
 # 2026-12-03-ws-configs-m32-h200-s26.md).  Not 4096² (ws 1.03× skinny for W12, but its view then fell 1.25 → 1.07×
 # cuBLAS in the full run, 2026-12-03-kernels-cuda-h200-s26-call10.md: the table is shared by W12 and view).
 # M = 33–48: the nt = 6 kernel (one 48-row tile) on every shape, 1.04–1.16× the best nt = 8 config
@@ -133,61 +120,17 @@ WS_TABLE: dict = {
 }
 
 
-# The xs kernel's compiled variants (nt, warps, unroll, wg) (w12_gemv.cu w12_gemm_xs; split and mfirst are launch
-# arguments): mma.sync nt 2/4/8 with 4 or 8 warps, wgmma nt 4/8/16 with 8 warps; unroll 1 or 2.
-XS_VARIANTS = (tuple((nt, w, u, False) for nt in (2, 4, 8) for w in (4, 8) for u in (1, 2))
-               + tuple((nt, 8, u, True) for nt in (4, 8, 16) for u in (1, 2)))
-
-# (N, K, M bucket) -> XsConfig(nt, warps, unroll, split, mfirst, wg): shapes and M buckets (XS_BUCKETS) where the
-# xs kernel measured at least 3 % faster than kernel_for's skinny / wgmma choice (bench/xs_configs.py,
-# 2026-12-02-xs-configs-h200-s12.md; up to 1.30× at M = 128 on the LM heads, 1.03–1.17× elsewhere).
-# Since session 26 every key here is also in WS_TABLE, which kernel_for consults first: the xs kernel runs only where
-# WS_TABLE loses an entry (an override, a table re-measured on another GPU) or by an explicit XsConfig.
-XS_TABLE: dict = {
-    (6144, 4096, 128): XsConfig(16, 8, 2, 2, False, True),
-    (4096, 4096, 128): XsConfig(8, 4, 2, 2, True, False),
-    (28672, 4096, 32): XsConfig(4, 8, 1, 1, False, False),
-    (28672, 4096, 48): XsConfig(8, 8, 1, 1, False, True),
-    (28672, 4096, 64): XsConfig(8, 8, 1, 1, False, True),
-    (28672, 4096, 128): XsConfig(16, 8, 2, 1, False, True),
-    (4096, 14336, 32): XsConfig(4, 8, 1, 8, False, False),
-    (4096, 14336, 48): XsConfig(8, 8, 1, 8, False, False),
-    (4096, 14336, 128): XsConfig(16, 8, 2, 4, False, True),
-    (128256, 4096, 16): XsConfig(2, 8, 1, 1, False, False),
-    (128256, 4096, 32): XsConfig(4, 8, 1, 1, False, True),
-    (128256, 4096, 48): XsConfig(8, 8, 1, 1, False, True),
-    (128256, 4096, 64): XsConfig(8, 8, 1, 1, False, True),
-    (128256, 4096, 128): XsConfig(16, 8, 2, 1, False, True),
-    (10240, 5120, 32): XsConfig(4, 8, 1, 8, False, False),
-    (10240, 5120, 48): XsConfig(8, 8, 1, 8, False, True),
-    (10240, 5120, 128): XsConfig(16, 8, 2, 1, False, True),
-    (5120, 8192, 128): XsConfig(16, 8, 2, 2, False, True),
-    (51200, 5120, 32): XsConfig(4, 8, 1, 2, False, True),
-    (51200, 5120, 48): XsConfig(8, 8, 1, 2, False, True),
-    (51200, 5120, 64): XsConfig(8, 8, 1, 2, False, True),
-    (51200, 5120, 128): XsConfig(16, 8, 2, 1, False, True),
-    (5120, 25600, 32): XsConfig(4, 8, 1, 8, False, False),
-    (5120, 25600, 48): XsConfig(8, 8, 1, 8, False, True),
-    (5120, 25600, 64): XsConfig(8, 8, 1, 8, False, True),
-    (5120, 25600, 128): XsConfig(16, 8, 2, 8, False, True),
-    (151936, 5120, 16): XsConfig(2, 8, 1, 1, False, False),
-    (151936, 5120, 32): XsConfig(4, 8, 1, 1, False, True),
-    (151936, 5120, 48): XsConfig(8, 8, 1, 1, False, True),
-    (151936, 5120, 64): XsConfig(8, 8, 1, 1, False, True),
-    (151936, 5120, 128): XsConfig(16, 8, 2, 1, False, True),
-}
-XS_BUCKETS = (16, 32, 48, 64, 128)
+M_BUCKETS = (16, 32, 48, 64, 128)
 
 
-def xs_bucket(m: int) -> int | None:
-    """The XS_TABLE bucket of M: the smallest measured M ≥ m (None outside 9–128)."""
-    return next((b for b in XS_BUCKETS if m <= b), None) if m > 8 else None
+def m_bucket(m: int) -> int | None:
+    """The WS_TABLE bucket of M: the smallest measured M ≥ m (None outside 9–128)."""
+    return next((b for b in M_BUCKETS if m <= b), None) if m > 8 else None
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (41 of the 50
-    (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "xs" where XS_TABLE does (every key of which
-    WS_TABLE also holds), then "skinny" where the skinny TABLE measured that shape at that M (those shapes' other
+    (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured that shape at that M (those shapes' other
     buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at M = 17–32); None above M = 128 (decode +
     cuBLAS, or the Triton kernel).  Shapes outside the tables (another model's widths) by the tables' pattern,
     measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
@@ -195,10 +138,8 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     4 M weights (SmolLM2's widths, where the ws kernel's grid is a few CTAs); the ws kernel with ws_rule_config
     elsewhere — at M = 17–128 it was 1.1–2.2× the skinny / tensor-core kernel that took those calls before.  (The
     tensor-core kernel, "wgmma", is now dispatched nowhere: it runs by an explicit TcConfig.)"""
-    if (n, k, xs_bucket(m)) in WS_TABLE:
+    if (n, k, m_bucket(m)) in WS_TABLE:
         return "ws"
-    if (n, k, xs_bucket(m)) in XS_TABLE:
-        return "xs"
     if m > 128:
         return None
     if m <= 8 or (m <= 64 and (n, k, 8 * _nt_for(m), False) in TABLE):
@@ -376,14 +317,12 @@ TABLE: dict = {
 
 
 def _load_override():
-    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_XS_TABLE=path.py
-    (an `XS_TABLE = {...}` written by bench/xs_configs.py) and W12_WS_TABLE=path.py (a `WS_TABLE = {...}` written by
-    bench/ws_configs.py) replace entries."""
-    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_XS_TABLE", "XS_TABLE", XS_TABLE),
-                             ("W12_WS_TABLE", "WS_TABLE", WS_TABLE)):
+    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_WS_TABLE=path.py
+    (a `WS_TABLE = {...}` written by bench/ws_configs.py) replace entries."""
+    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_WS_TABLE", "WS_TABLE", WS_TABLE)):
         path = os.environ.get(var)
         if path:
-            scope = {"CudaConfig": CudaConfig, "XsConfig": XsConfig, "WsConfig": WsConfig}
+            scope = {"CudaConfig": CudaConfig, "WsConfig": WsConfig}
             exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
             table.update(scope[name])
 
@@ -406,13 +345,11 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     return CudaConfig(nt, warps, 1, split)
 
 
-def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | TcConfig | XsConfig | WsConfig:
+def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | TcConfig | WsConfig:
     """The kernel and config that `launch` runs for Y[m, n] = X·Wᵀ when it is given none (kernel_for's choice)."""
     kind = kernel_for(m, n, k)
     if kind == "ws":
-        return WS_TABLE.get((n, k, xs_bucket(m))) or ws_rule_config(m, n, k)
-    if kind == "xs":
-        return XS_TABLE[(n, k, xs_bucket(m))]
+        return WS_TABLE.get((n, k, m_bucket(m))) or ws_rule_config(m, n, k)
     return pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k)
 
 
@@ -464,7 +401,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | XsConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
+           config: CudaConfig | TcConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
     trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
     TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
@@ -495,14 +432,6 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first))
-    elif isinstance(cfg, XsConfig):
-        tiles = nb * (8 // cfg.warps) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * cfg.warps * 8 * cfg.nt)
-        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device) if cfg.wg else y  # X in wgmma k order
-        err = library().w12_gemm_xs(
-            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(cfg.mfirst), int(cfg.wg),
-            _p(xp), stream)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)

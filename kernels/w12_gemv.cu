@@ -1,8 +1,10 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
 // registers straight into MMA fragments: the skinny kernel (below; M ≤ 64), the tensor-core kernel
-// (w12_gemm_tc_kernel, further down, wgmma; 9 ≤ M ≤ 128) and the xs kernel (w12_gemm_xs_kernel, last: X in
-// shared memory for 128 channels, W streamed as in the skinny kernel; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says
-// which one the host runs.  Built by kernels/cuda_build.py (nvcc, sm_90a);
+// (w12_gemm_tc_kernel, further down, wgmma; 9 ≤ M ≤ 128; run only by an explicit config) and the warp-specialized
+// kernel (w12_gemm_ws_kernel, last; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  (The xs
+// kernel — X in shared memory for 128 channels, W streamed as in the skinny kernel — was removed in session 27: the
+// ws kernel had taken every bucket it won, and its 36 variants were a third of the build time.)
+// Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
 // Work split
@@ -942,250 +944,6 @@ cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void
 }
 
 // =================================================================================================
-// W12 GEMM for 9 ≤ M ≤ 128 with X staged in shared memory (the "xs" kernel; mma.sync, no tensor-core queue)
-// =================================================================================================
-// CTA (cx, mb, z) = 16·WARPS output channels (rows r0.. of record row nb = cx / (8 / WARPS)) × MT = 8·NT rows of X
-// × the records [a, b) of split z; with mfirst the M tiles of a channel block are neighbours in launch order
-// (blockIdx.x = cx · MB + mb), so that they run together and the later ones find W in L2.  Warp w owns the 16 channels r0 + 16w.. (its tile c = nb·8 + r0/16 + w) and
-// walks EVERY record of [a, b) in order, its W words streamed into registers as in the skinny kernel (two stages
-// of U records in flight, ld.global.nc, no shared memory and no barrier on the W path).  X is what the warps
-// share: the CTA's MT rows go through a ring of XS_STAGES chunks of C = 32 / NT records (32 KB each) in shared
-// memory, filled with cp.async by all threads, one barrier per chunk; a warp reads its B fragments with two
-// 16-byte shared loads per n-tile per record (row 8j + g, columns 16t..16t+15: the skinny kernel's k order; the
-// 16-byte chunk q of a 128-byte row sits at q ^ (row & 7), so the 8 lanes of a load phase hit 8 distinct chunks).
-// Against the skinny kernel, X is read from L2 once per 16·WARPS channels instead of once per 16 and never
-// from global memory inside the main loop; against the tensor-core kernel, W never passes through shared memory
-// and there is no barrier per record.  The MMAs: mma.sync as in the skinny kernel, or (WG) one wgmma per k-step
-// per warpgroup with the decoded fragments as A, waited for per record (compute_wg).
-// Epilogue per warp: acc · 2^(E_n − 127), then its tile's escapes of [a, b) in list order (x from global
-// memory, exact correction as in the skinny kernel); split K over the CTA's 16·WARPS × MT tile (splitk_last4).
-constexpr int XS_STAGES = 3, XS_CHUNK_BYTES = 32768;
-
-template <int NT>
-__host__ __device__ constexpr int xs_chunk() {  // records per X chunk (4 for nt = 16: 64 KB chunks, one CTA per SM)
-  return NT >= 16 ? 4 : XS_CHUNK_BYTES / (8 * NT * 128);
-}
-
-// U records of one warp's W words (no X: the xs kernel reads X from shared memory), loaded with L2 policy pol.
-template <bool VIEW, int U>
-struct WStage {
-  uint4 va[U], vb[U], na[U], nb[U];
-
-  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int b, int v0, int v1, int n0, int n1,
-                                       uint64_t pol) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb0 + u < b) {
-        const uint8_t* r = base + (size_t)(kb0 + u) * REC;
-        va[u] = ld_stream(r + v0, pol);
-        vb[u] = ld_stream(r + v1, pol);
-        if (!VIEW) {
-          na[u] = ld_stream(r + n0, pol);
-          nb[u] = ld_stream(r + n1, pol);
-        }
-      }
-    }
-  }
-
-  // records kb0 .. kb0 + U − 1 (< b); xr: X of record kb0 in the staged chunk (records MT·128 bytes apart),
-  // already offset to this lane's row g and swizzled chunks (xa: columns 16t..+7, xb: +8..+15)
-  template <int NT>
-  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int b, const uint8_t* xr, int xa, int xb,
-                                          uint32_t nkeep) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb0 + u < b) {
-        const uint8_t* xu = xr + u * (8 * NT * 128);
-        uint4 ya[NT], yb[NT];
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          ya[j] = *reinterpret_cast<const uint4*>(xu + j * 1024 + xa);
-          yb[j] = *reinterpret_cast<const uint4*>(xu + j * 1024 + xb);
-        }
-        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
-      }
-    }
-  }
-
-  // The same records through wgmma (the warp's 16 channels are its 16 rows of its warpgroup's 64): A = the
-  // decoded fragments in registers, B = the record's X block in k order at shared address xb (32·s bytes in at
-  // k-step s), waited for before the fragment registers are reused.
-  template <int NT>
-  __device__ __forceinline__ void compute_wg(float (&acc)[NT][4], int kb0, int b, uint32_t xb, uint32_t nkeep) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb0 + u < b) {
-        uint32_t fa[4][4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint32_t nwa = VIEW ? 0u : word(na[u], s), nwb = VIEW ? 0u : word(nb[u], s);
-          decode4<VIEW>(word(va[u], s), nwa, nkeep, fa[s][0], fa[s][2]);
-          decode4<VIEW>(word(vb[u], s), nwb, nkeep, fa[s][1], fa[s][3]);
-        }
-        const uint32_t xu = xb + u * (8 * NT * 128);
-        fence_acc(acc);
-        wg_fence();
-#pragma unroll
-        for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xu + 32 * s));
-        wg_commit();
-        wg_wait0();
-      }
-    }
-  }
-};
-
-// WG: the MMAs are wgmma (m64n(8·NT)k16 per warpgroup, A from registers, B = the X chunk, which then holds X in
-// wgmma k order: xk = xp of w12_x_wgorder_kernel; the ring is 1024-byte aligned for the 128-byte swizzle).
-// Two CTAs per SM (their X rings take 192 KB of shared memory; at most 128 registers with 8 warps), one for
-// nt = 16 (64 KB chunks).
-template <int NT, bool VIEW, int WARPS, int U, bool WG>
-__global__ void __launch_bounds__(WARPS * 32, NT >= 16 ? 1 : 2) w12_gemm_xs_kernel(
-    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xk, int ldxk, int M, int ldx,
-    const uint8_t* __restrict__ rec,
-    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
-    int mtiles, int mfirst) {
-  constexpr int MT = 8 * NT, THREADS = WARPS * 32, CH = 16 * WARPS;  // X rows, threads, channels per CTA
-  constexpr int C = xs_chunk<NT>(), XREC = MT * 128;                  // records per chunk, X bytes per record
-  static_assert(C % (2 * U) == 0 && (C & (C - 1)) == 0, "a chunk holds whole pairs of pipeline stages");
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  // [XS_STAGES][C][MT][128], 1024-byte aligned (xs_smem adds the slack); after the loop: red [CH][MT] fp32
-  uint8_t* xsm = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
-  __shared__ int s_last;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int cx = mfirst ? blockIdx.x / mtiles : blockIdx.x, mb = mfirst ? blockIdx.x % mtiles : blockIdx.y;
-  const int nb = cx / (8 / WARPS), rc = (cx % (8 / WARPS)) * CH;               // CTA's first row in the record
-  const int rw = rc + 16 * warp, c = nb * 8 + rw / 16, m0 = mb * MT;             // warp's first row, its tile
-  const int S = gridDim.z, kps = (KB + S - 1) / S;
-  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nchunks = (b - a + C - 1) / C;
-  const uint8_t* base = rec + (size_t)nb * KB * REC;
-  const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = VIEW_BYTES + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const uint32_t nkeep = nib_keep(t);
-  const int xa = g * 128 + (((2 * t) ^ g) << 4), xb = g * 128 + (((2 * t + 1) ^ g) << 4);  // row g (of 8j + g)
-
-  // X chunk ci (records a + C·ci .. < b, rows m0 .. m0 + MT − 1 of xk, rows ≥ M zero-filled) -> ring slot `slot`.
-  // Per row the chunk's records are C·128 contiguous bytes of x, and consecutive threads copy consecutive 16
-  // bytes: thread tid always copies chunk xq of record xr, rows xm, xm + XM, … (C, THREADS powers of two)
-  constexpr int XM = THREADS / 8 / C;
-  const int xq = tid & 7, xr = (tid >> 3) & (C - 1), xm = (tid >> 3) / C, xrows = M - m0 - xm;
-  const __nv_bfloat16* xsrc = xk + (size_t)(m0 + xm) * ldxk + (a + xr) * 64 + xq * 8;  // chunk 0, row xm
-  const size_t xstep = (size_t)XM * ldxk;
-  auto load_chunk = [&](int ci, int slot) {
-    if (a + C * ci + xr >= b) return;
-    uint8_t* dst = xsm + slot * (C * XREC) + xr * XREC;
-    const __nv_bfloat16* src = xsrc + ci * (C * 64);
-#pragma unroll
-    for (int j = 0; j < MT / XM; ++j) {
-      const int m = xm + j * XM;
-      cp_async16_zfill(dst + m * 128 + ((xq ^ (m & 7)) << 4), j * XM < xrows ? src + j * xstep : xk, j * XM < xrows);
-    }
-  };
-
-  // ---- prologue: the first two W stages (DRAM, the longer wait), then the first XS_STAGES − 1 X chunks
-  WStage<VIEW, U> ga, gb;
-  const uint64_t pol = weight_policy(0);  // evict_first, as the skinny kernel's default and the ws kernel's copies
-  ga.load(base, a, b, v0, v1, n0, n1, pol);
-  gb.load(base, a + U, b, v0, v1, n0, n1, pol);
-#pragma unroll
-  for (int s = 0; s < XS_STAGES - 1; ++s) {
-    if (s < nchunks) load_chunk(s, s);
-    cp_async_commit();
-  }
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-
-  // ---- main loop: per chunk one barrier (its X visible to all, the slot refilled below free); inside it, group
-  // A's U records are multiplied while group B's are in flight, and the other way
-  for (int ci = 0, slot = 0; ci < nchunks; ++ci, slot = slot == XS_STAGES - 1 ? 0 : slot + 1) {
-    cp_async_wait<XS_STAGES - 2>();
-    if (WG) fence_proxy_async();  // this thread's copies, visible to wgmma
-    __syncthreads();
-    if (ci + XS_STAGES - 1 < nchunks) load_chunk(ci + XS_STAGES - 1, slot == 0 ? XS_STAGES - 1 : slot - 1);
-    cp_async_commit();
-    const uint8_t* xc = xsm + slot * (C * XREC);
-    const uint32_t xcs = (uint32_t)__cvta_generic_to_shared(xc);
-    const int k0 = a + C * ci;
-#pragma unroll 1
-    for (int r = 0; r < C && k0 + r < b; r += 2 * U) {
-      if (WG) ga.template compute_wg<NT>(acc, k0 + r, b, xcs + r * XREC, nkeep);
-      else ga.template compute<NT>(acc, k0 + r, b, xc + r * XREC, xa, xb, nkeep);
-      ga.load(base, k0 + r + 2 * U, b, v0, v1, n0, n1, pol);
-      if (WG) gb.template compute_wg<NT>(acc, k0 + r + U, b, xcs + (r + U) * XREC, nkeep);
-      else gb.template compute<NT>(acc, k0 + r + U, b, xc + (r + U) * XREC, xa, xb, nkeep);
-      gb.load(base, k0 + r + 3 * U, b, v0, v1, n0, n1, pol);
-    }
-  }
-  if (WG) fence_acc(acc);  // the accumulators are read only after the last wgmma wait
-  cp_async_wait<0>();
-  __syncthreads();  // the X ring is free: it holds the warps' sums from here on
-
-  // ---- epilogue: this warp's 16 × MT sums, scaled by 2^(E_n − 127) (exact), plus its escapes in list order
-  float* red = reinterpret_cast<float*>(xsm) + warp * 16 * MT;  // [16][MT]: rows rw + r of the CTA's [CH][MT]
-  store_acc<NT>(red, acc, g, t);
-  const int mcount = min(MT, M - m0);
-  for (int idx = lane; idx < 16 * MT; idx += 32)
-    red[idx] *= __int_as_float((int)__ldg(expo + nb * 128 + rw + idx / MT) << 23);
-  __syncwarp();
-  if (!VIEW) {  // y[m, row] += x[m, col] · (w − 2^(E_n − 142)); lane m % 32 owns X row m: no two lanes meet
-    const int e_lo = __ldg(toff + (long)c * KB + a), e_hi = __ldg(toff + (long)c * KB + b);
-    for (int e = e_lo; e < e_hi; ++e) {
-      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
-      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
-      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
-      const float d = wv - __int_as_float(((int)__ldg(expo + nb * 128 + rw + rl) - 15) << 23);
-      for (int m = lane; m < mcount; m += 32)
-        red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
-    }
-  }
-  finish_tile<CH, MT, THREADS>(reinterpret_cast<float*>(xsm), ws, tickets, cx * mtiles + mb, S, &s_last, y, ldy, N,
-                               nb * 128 + rc, m0, mcount);
-}
-
-template <int NT>
-constexpr size_t xs_ring() {  // bytes of the X ring (the epilogue's [CH][MT] sums fit in it)
-  return (size_t)XS_STAGES * xs_chunk<NT>() * 8 * NT * 128;
-}
-
-template <int NT>
-constexpr size_t xs_smem() {  // the ring and the slack that aligns it to 1024 bytes
-  return 1024 + xs_ring<NT>();
-}
-
-template <int NT, bool VIEW, int WARPS, int U, bool WG>
-cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      int mfirst, void* xp, cudaStream_t st) {
-  static_assert(16 * WARPS * 8 * NT * 4 <= xs_ring<NT>(), "the sums fit in the X ring");
-  auto kern = w12_gemm_xs_kernel<NT, VIEW, WARPS, U, WG>;
-  constexpr size_t smem = xs_smem<NT>();
-  static bool set = false;
-  if (!set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = true;
-  }
-  const __nv_bfloat16* xk = (const __nv_bfloat16*)x;
-  int ldxk = ldx;
-  if (WG) {  // X in wgmma k order first (M · K / 2 words, a few µs at most)
-    const long words = (long)M * KB * 32;
-    w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
-                                                                               (__nv_bfloat16*)xp, M, KB * 64);
-    xk = (const __nv_bfloat16*)xp;
-    ldxk = KB * 64;
-  }
-  const int mtiles = (M + 8 * NT - 1) / (8 * NT);
-  const dim3 grid = mfirst ? dim3(NB * (8 / WARPS) * mtiles, 1, split) : dim3(NB * (8 / WARPS), mtiles, split);
-  kern<<<grid, WARPS * 32, smem, st>>>((const __nv_bfloat16*)x, xk, ldxk, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-                                       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
-                                       (float*)ws, (int*)tickets, mtiles, mfirst);
-  return cudaGetLastError();
-}
-
-// =================================================================================================
 // W12 GEMM for 9 ≤ M ≤ 128, warp-specialized (the "ws" kernel: bulk copies into a ring, mbarriers, wgmma)
 // =================================================================================================
 // CTA (nb, mb, z) = the 128 channels of record row nb × MT = 8·NT rows of X × the records [a, b) of split z, as
@@ -1243,7 +1001,11 @@ cudaError_t launch_xs(const void* x, int M, int ldx, const void* rec, const void
 // but the one producer warp then limits the ring; 29ec0fe, 45d8143, 2026-12-03-ab-ws-xself-h200-s24.md.  Session
 // 20's nt = 16 pipelining (617ee9c: wait_group 1, alternating fragments) at nt ≤ 4: same bits, no serialization,
 // but W12 spills at its 96 registers and M = 32 went 1.035 → 0.956 (view 1.371 → 1.347); d97d425,
-// 2026-12-03-ab-ws-pipe-nt4-h200-s24.md.)
+// 2026-12-03-ab-ws-pipe-nt4-h200-s24.md.  Session 27: X staged by the 256 consumer threads instead (no reorder
+// kernel) — 16-byte loads one record ahead in registers, or 4-byte cp.async counted on the full barrier, with or
+// without a record of slack before each slot's empty wait — same bits, M = 32 1.09 → 0.84–0.93, M = 128 0.72 →
+// 0.42–0.45: per-record X staging on the consumers' chain costs far more than the reorder kernel; 2420d06, b662537,
+// bac534f, 2026-12-04-ab-ws-x-consumers-FAILED-h200-s27.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -1698,32 +1460,6 @@ extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const
   W12_TC4(false) W12_TC4(true)
 #undef W12_TC4
 #undef W12_TC
-  return (int)cudaErrorInvalidValue;
-}
-
-// The xs W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_xs_kernel above).  wg: 0 = mma.sync, nt (X rows per CTA / 8) 2, 4
-// or 8, warps 4 or 8 (16·warps channels per CTA); 1 = wgmma, nt 4, 8 or 16, 8 warps (xp: bf16 [M, K] scratch for X in
-// wgmma k order, written first on the stream).  unroll: records per pipeline stage per warp (1, 2); split: CTAs
-// along K (split > 1 needs ws: fp32 [NB·8/warps · ceil(M / 8nt) · split · 16·warps · 8nt] and tickets: int32
-// zeros [NB·8/warps · ceil(M / 8nt)], left at zero); mfirst: 1 = the M tiles of a channel block launched next to
-// each other.  Same tensors and preconditions as w12_gemv.
-extern "C" int w12_gemm_xs(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                           int unroll, int split, void* ws, void* tickets, int mfirst, int wg, void* xp, void* stream) {
-  cudaStream_t st = (cudaStream_t)stream;
-  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
-#define W12_XS(NTV, V, W, UU, G) \
-  if (nt == NTV && !!view == V && warps == W && unroll == UU && !!wg == G) \
-    return launch_xs<NTV, V, W, UU, G>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, \
-                                       mfirst, xp, st);
-#define W12_XS4(NTV, V) \
-  W12_XS(NTV, V, 4, 1, false) W12_XS(NTV, V, 4, 2, false) W12_XS(NTV, V, 8, 1, false) W12_XS(NTV, V, 8, 2, false)
-  W12_XS4(2, false) W12_XS4(4, false) W12_XS4(8, false) W12_XS4(2, true) W12_XS4(4, true) W12_XS4(8, true)
-#define W12_XSG(NTV, V) W12_XS(NTV, V, 8, 1, true) W12_XS(NTV, V, 8, 2, true)
-  W12_XSG(4, false) W12_XSG(8, false) W12_XSG(16, false) W12_XSG(4, true) W12_XSG(8, true) W12_XSG(16, true)
-#undef W12_XSG
-#undef W12_XS4
-#undef W12_XS
   return (int)cudaErrorInvalidValue;
 }
 

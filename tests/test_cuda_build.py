@@ -29,8 +29,8 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice(monkeypatch):
-    """The ws kernel where WS_TABLE measured it faster, then the xs kernel where XS_TABLE did, then the skinny kernel
-    where its TABLE measured the shape at that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the
+    """The ws kernel where WS_TABLE measured it faster, then the skinny kernel where its TABLE measured the shape at
+    that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the
     skinny kernel up to M = 8, at 9–16 below N = 51200 and at 17–64 below 4 M weights, elsewhere the ws kernel with
     ws_rule_config (nt covers M; split fills one wave, ≥ 16 records each, ≤ 8); None above M = 128.  The tensor-core
     kernel's split rule (an explicit TcConfig): TC_SPLIT's measured choice, else fills the GPU, ≤ 8."""
@@ -39,9 +39,7 @@ def test_kernel_choice(monkeypatch):
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
     assert kf(32, 4096, 14336) == kf(64, 4096, 4096) == "ws"
     assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == "skinny"
-    monkeypatch.setattr(gc, "WS_TABLE", {})
-    assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == "xs"
-    monkeypatch.setattr(gc, "XS_TABLE", {})  # the skinny TABLE's measured buckets, then the rule
+    monkeypatch.setattr(gc, "WS_TABLE", {})  # the skinny TABLE's measured buckets, then the rule
     assert kf(1, 151936, 5120) == kf(16, 6144, 4096) == kf(32, 4096, 4096) == kf(64, 51200, 5120) == "skinny"
     assert kf(128, 4096, 4096) == "ws" and kf(129, 4096, 4096) is None
     # shapes no table holds (Llama-3.1-70B, Qwen2.5-7B, SmolLM2-135M)
@@ -81,41 +79,17 @@ def test_table_override(tmp_path, monkeypatch):
         gc.TABLE.update(saved)
 
 
-def test_xs_table_dispatch(tmp_path, monkeypatch):
-    """An xs_table.py written by bench/xs_configs.py (W12_XS_TABLE) sends its (N, K, M bucket) entries to the xs
-    kernel; M maps to the smallest measured bucket that holds it; every other call keeps its kernel."""
-    assert [gc.xs_bucket(m) for m in (1, 8, 9, 16, 17, 40, 48, 49, 64, 65, 128, 129)] == \
-        [None, None, 16, 16, 32, 48, 48, 64, 64, 128, 128, None]
-    # every measured entry is a compiled variant, its split at most K / 64 and 8 (M tiles: a grid dimension)
-    assert all((c.nt, c.warps, c.unroll, c.wg) in gc.XS_VARIANTS and c.split <= min(8, k // 64)
-               for (n, k, b), c in gc.XS_TABLE.items())
-    p = tmp_path / "xs_table.py"
-    p.write_text("XS_TABLE = {\n    (6144, 4096, 32): XsConfig(nt=4, warps=8, unroll=1, split=4, mfirst=False),\n"
-                 "    (6144, 4096, 128): XsConfig(8, 8, 1, 2, True),\n}\n")
-    monkeypatch.setenv("W12_XS_TABLE", str(p))
-    monkeypatch.setattr(gc, "WS_TABLE", {})  # the ws kernel's measured entries come first
-    saved = dict(gc.XS_TABLE)
-    try:
-        before = [gc.kernel_for(m, 6144, 4096) for m in (1, 16, 32, 64, 128)]
-        gc._load_override()
-        assert gc.XS_TABLE[(6144, 4096, 32)] == gc.XsConfig(4, 8, 1, 4)
-        assert [gc.kernel_for(m, 6144, 4096) for m in (1, 16, 17, 32, 33, 64, 65, 128)] == \
-            [before[0], before[1], "xs", "xs", before[3], before[3], "xs", "xs"]
-        assert gc.kernel_for(32, 4096, 4096) != "xs" and gc.kernel_for(129, 6144, 4096) is None
-    finally:
-        gc.XS_TABLE.clear()
-        gc.XS_TABLE.update(saved)
-
-
 def test_ws_table_dispatch(tmp_path, monkeypatch):
-    """Every measured ws entry is a compiled nt that holds its M bucket (two M tiles of nt 8 allowed at 128), split
-    ≤ min(8, K / 64); a ws_table.py written by bench/ws_configs.py (W12_WS_TABLE) sends its entries to the ws kernel
-    ahead of the xs table."""
+    """M maps to the smallest measured bucket that holds it; every measured ws entry is a compiled nt that holds its
+    M bucket (two M tiles of nt 8 allowed at 128), split ≤ min(8, K / 64); a ws_table.py written by
+    bench/ws_configs.py (W12_WS_TABLE) sends its entries to the ws kernel."""
+    assert [gc.m_bucket(m) for m in (1, 8, 9, 16, 17, 40, 48, 49, 64, 65, 128, 129)] == \
+        [None, None, 16, 16, 32, 48, 48, 64, 64, 128, 128, None]
     assert all(c.nt in gc.WS_NTS and (b <= 8 * c.nt or (b, c.nt) == (128, 8)) and 1 <= c.split <= min(8, k // 64)
                for (n, k, b), c in gc.WS_TABLE.items())
-    # a copy without the (4096, 14336, 32) entry (dropped after the test): that bucket then falls to the xs table
+    # a copy without the (4096, 14336, 32) entry (dropped after the test): that bucket then falls to the skinny TABLE
     monkeypatch.setattr(gc, "WS_TABLE", {key: c for key, c in gc.WS_TABLE.items() if key != (4096, 14336, 32)})
-    assert (4096, 14336, 32) in gc.XS_TABLE and gc.kernel_for(32, 4096, 14336) == "xs"
+    assert (4096, 14336, 32, False) in gc.TABLE and gc.kernel_for(32, 4096, 14336) == "skinny"
     p = tmp_path / "ws_table.py"
     p.write_text("WS_TABLE = {\n    (4096, 14336, 32): WsConfig(nt=4, split=4),\n}\n")
     monkeypatch.setenv("W12_WS_TABLE", str(p))
@@ -188,7 +162,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
 @pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_tc",
-                                                       "w12_gemm_xs", "w12_gemm_ws"]),
+                                                       "w12_gemm_ws"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
@@ -217,10 +191,6 @@ def test_configs_name_compiled_kernels(tmp_path):
     def tc(nt, view):
         return lib.w12_gemm_tc(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, 1, p, p, p, p)
 
-    def xs(nt, warps, unroll, wg, view):
-        return lib.w12_gemm_xs(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, warps, unroll, 1, p, p, 0, int(wg),
-                               p, p)
-
     def ws(nt, split, view):
         return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1)
 
@@ -230,10 +200,10 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(skinny(c, v) not in (0, 1) for c in skinny_cfgs for v in (0, 1))
     tc_nts = {gc.pick_tc_config(m, n, k).nt for n, k in shapes for m in (9, 17, 33, 65, 128)}
     assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
-    assert all(xs(*variant, v) not in (0, 1) for variant in gc.XS_VARIANTS for v in (0, 1))
-    assert all(xs(c.nt, c.warps, c.unroll, c.wg, v) not in (0, 1) for c in gc.XS_TABLE.values() for v in (0, 1))
     assert all(ws(nt, 1, v) not in (0, 1) for nt in gc.WS_NTS for v in (0, 1))
     assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
+    rule = {gc.ws_rule_config(m, n, k) for n, k in shapes for m in (9, 17, 33, 49, 65, 128)}
+    assert all(ws(c.nt, c.split, v) not in (0, 1) for c in rule for v in (0, 1))
     # and the dispatchers do refuse what they do not compile
     assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
@@ -241,7 +211,6 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(skinny(gc.CudaConfig(4, w, 1, 1, xreg=True), v) not in (0, 1) for w in (4, 8) for v in (0, 1))
     assert all(skinny(gc.CudaConfig(nt, 4, u, 1, xreg=True), v) == 1
                for nt, u in ((2, 1), (8, 1), (4, 2)) for v in (0, 1))
-    assert xs(16, 4, 1, False, 0) == 1 and xs(2, 8, 1, True, 0) == 1 and xs(4, 8, 3, False, 0) == 1
 
 
 @pytest.mark.parametrize("env, expected", [({}, False), ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, True),
