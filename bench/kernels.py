@@ -163,8 +163,9 @@ def bench_clean(replay, n=60):
 
 
 def sweep_cases(ms, seed0: int = 100):
-    """The config sweeps' common loop (bench/tc_configs.py, bench/ws_configs.py, bench/skinny_configs.py): for every SHAPES entry and M in
-    ms, (n, k, m, Mat, x, fp32 reference, cuBLAS BF16 µs); GPU memory released after each shape."""
+    """The config sweeps' common loop (bench/tc_configs.py, bench/ws_configs.py, bench/skinny_configs.py): for every
+    SHAPES entry and M in ms, (n, k, m, Mat, x, fp32 reference, cuBLAS BF16 µs); GPU memory released after each
+    shape."""
     for si, (n, k) in enumerate(SHAPES):
         mt = Mat(n, k, seed0 + si)
         wf = mt.w.float()

@@ -6,11 +6,11 @@ cuBLAS BF16.  One GPU call.
 
 WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.py only; a model with other widths
 (Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule, which this bench measured: "now" is what kernel_for
-dispatches (the rule's ws config, or the skinny kernel where the rule keeps it).  Part 1, the rule on the table's own shapes: wherever
-ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows better).
-Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the fallback, each checked
-first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same bits), then
-timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
+dispatches (the rule's ws config, or the skinny kernel where the rule keeps it).  Part 1, the rule on the table's own
+shapes: wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows
+better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the fallback, each
+checked first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same
+bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
 OUT/unseen_shapes.md, rewritten after every row.
 """
 
@@ -70,7 +70,8 @@ def case(mt, m, cfgs, seed):
     for name, (cw, cv) in cfgs.items():
         (e1, d1), (e2, d2) = checked(mt, x, refs, cw, False), checked(mt, x, refs, cv, True)
         if max(e1, e2) >= 1e-2 or not (d1 and d2):
-            raise AssertionError(f"{mt.n}×{mt.k} M={m} {name}: rel. errors {e1:.2e} / {e2:.2e}, deterministic {d1}/{d2}")
+            raise AssertionError(f"{mt.n}×{mt.k} M={m} {name}: rel. errors {e1:.2e} / {e2:.2e}, "
+                                 f"deterministic {d1}/{d2}")
         out[name] = (cw, bench(lambda: mt.run(x, cuda=cw)), bench(lambda: mt.run(x, view=True, cuda=cv)), max(e1, e2))
     return out, bench(lambda: torch.matmul(x, mt.w.t()))
 
@@ -95,7 +96,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     head = [f"# W12 at M = {a.ms} on shapes outside the tables: ws_rule_config vs the fallback — "
             f"{datetime.date.today()}", "",
-            f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+            f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
+            f"commit {os.environ.get('W12_REV', '?')}",
             f"- command: `W12_CUDA=1 python bench/unseen_shapes.py --ms {a.ms}`",
             "- µs: CUDA graph replay, do_bench (L2 flushed), median; ratio = cuBLAS µs / kernel µs; every config "
             "checked first (rel. error < 1e-2 against the fp32 product of the decoded weights, two runs the same bits)",
@@ -114,8 +116,8 @@ def main():
                 "|---|---|---|---|---|---|---|"]
         for m in ms:
             r = ratios.get(m, {})
-            summ.append(f"| {m} | " + " | ".join(f"{gm(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn"))
-                        + " |")
+            cells = (f"{gm(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn"))
+            summ.append(f"| {m} | " + " | ".join(cells) + " |")
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
     for si, (n, k) in enumerate(SHAPES):
@@ -143,7 +145,8 @@ def main():
                 r, cub = case(mt, m, {"fallback": (fb[False], fb[True]), "rule": (rule, rule)}, m)
                 (_, fw, fv, _), (_, rw, rv, _) = r["fallback"], r["rule"]
                 now = gc.kernel_for(m, n, k)
-                assert now in ("ws", "skinny") and (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
+                assert now in ("ws", "skinny")
+                assert (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
                 nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: the fallback's own choice
                 for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv)):
                     ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)

@@ -66,8 +66,8 @@ WS_NTS = (2, 4, 6, 8, 16)
 # faster; 38 of the 50; the M = 128 entries measured with the nt = 16 kernel taking records in pairs.
 # Session 26 (2026-12-03-ab-ws-l2-h200-s26.md): the record copies with L2 evict_first, 3–9 % faster at M = 32–64
 # except on the LM heads, which lose 2–3 % at M = 16–32 and keep the copies without a hint there (evict_first=False).
-# With them the ws kernel now also takes 4096×14336 at M = 17–32 (1.08× against the xs kernel, since removed; bench/ws_configs.py --ms 32,
-# 2026-12-03-ws-configs-m32-h200-s26.md).  Not 4096² (ws 1.03× skinny for W12, but its view then fell 1.25 → 1.07×
+# With them the ws kernel now also takes 4096×14336 at M = 17–32 (1.08× against the xs kernel, since removed;
+# bench/ws_configs.py --ms 32, 2026-12-03-ws-configs-m32-h200-s26.md).  Not 4096² (ws 1.03× skinny for W12, but its view then fell 1.25 → 1.07×
 # cuBLAS in the full run, 2026-12-03-kernels-cuda-h200-s26-call10.md: the table is shared by W12 and view).
 # M = 33–48: the nt = 6 kernel (one 48-row tile) on every shape, 1.04–1.16× the best nt = 8 config
 # (2026-12-03-ws-configs-m48-h200-s26.md).
@@ -130,9 +130,9 @@ def m_bucket(m: int) -> int | None:
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (41 of the 50
-    (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured that shape at that M (those shapes' other
-    buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at M = 17–32); None above M = 128 (decode +
-    cuBLAS, or the Triton kernel).  Shapes outside the tables (another model's widths) by the tables' pattern,
+    (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured
+    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at
+    M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).  Shapes outside the tables (another model's widths) by the tables' pattern,
     measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
     2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–64 below
     4 M weights (SmolLM2's widths, where the ws kernel's grid is a few CTAs); the ws kernel with ws_rule_config
