@@ -16,7 +16,6 @@ OUT/unseen_shapes.md, rewritten after every row.
 
 import argparse
 import datetime
-import math
 import os
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import SHAPES, Mat, bench, decode_gpu, rel  # noqa: E402  (bench/kernels.py)
+from kernels import SHAPES, Mat, bench, decode_gpu, geo, rel  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -82,10 +81,6 @@ def prepared(n, k, seed):
     return mt
 
 
-def gm(v):
-    return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="16,32,48,64,128")
@@ -116,7 +111,7 @@ def main():
                 "|---|---|---|---|---|---|---|"]
         for m in ms:
             r = ratios.get(m, {})
-            cells = (f"{gm(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn"))
+            cells = (f"{geo(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn"))
             summ.append(f"| {m} | " + " | ".join(cells) + " |")
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
