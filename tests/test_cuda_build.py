@@ -30,10 +30,10 @@ def test_table_hit_and_rule():
 
 def test_kernel_choice(monkeypatch):
     """The ws kernel where WS_TABLE measured it faster, then the skinny kernel where its TABLE measured the shape at
-    that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the
-    skinny kernel up to M = 8, at 9–16 below N = 51200 and at 17–64 below 4 M weights, elsewhere the ws kernel with
-    ws_rule_config (nt covers M; split fills one wave, ≥ 16 records each, ≤ 8); None above M = 128.  The tensor-core
-    kernel's split rule (an explicit TcConfig): TC_SPLIT's measured choice, else fills the GPU, ≤ 8."""
+    that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the skinny kernel up to M = 8, at 9–16
+    below N = 51200 and at 17–64 below 4 M weights, elsewhere the ws kernel with ws_rule_config (nt covers M; split
+    fills one wave, ≥ 16 records each, ≤ 8); None above M = 128.  The tensor-core kernel's split rule (an explicit
+    TcConfig): TC_SPLIT's measured choice, else fills the GPU, ≤ 8."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
