@@ -115,20 +115,23 @@ def main():
             summ.append(f"| {m} | " + " | ".join(cells) + " |")
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
+    def emit(part, row):
+        part.append(row)
+        print(row, flush=True)
+        write()
+
     for si, (n, k) in enumerate(SHAPES):
-        diff = [m for m in ms if (n, k, gc.m_bucket(m)) in gc.WS_TABLE
-                and gc.ws_rule_config(m, n, k) != gc.WS_TABLE[(n, k, gc.m_bucket(m))]]
+        diff = {m: (gc.WS_TABLE[(n, k, gc.m_bucket(m))], gc.ws_rule_config(m, n, k)) for m in ms
+                if (n, k, gc.m_bucket(m)) in gc.WS_TABLE}
+        diff = {m: (tab, rule) for m, (tab, rule) in diff.items() if tab != rule}
         if not diff:
             continue
         mt = prepared(n, k, 100 + si)
-        for m in diff:
-            tab, rule = gc.WS_TABLE[(n, k, gc.m_bucket(m))], gc.ws_rule_config(m, n, k)
+        for m, (tab, rule) in diff.items():
             r, cub = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
-            part1.append(f"| {n}×{k} | {m} | {cub:.1f} | {short(tab)} | {r['table'][1]:.1f} | {short(rule)} | "
-                         f"{r['rule'][1]:.1f} | {r['rule'][1] / r['table'][1]:.3f} | {r['table'][2]:.1f} | "
-                         f"{r['rule'][2]:.1f} |")
-            print(part1[-1], flush=True)
-            write()
+            emit(part1, f"| {n}×{k} | {m} | {cub:.1f} | {short(tab)} | {r['table'][1]:.1f} | {short(rule)} | "
+                        f"{r['rule'][1]:.1f} | {r['rule'][1] / r['table'][1]:.3f} | {r['table'][2]:.1f} | "
+                        f"{r['rule'][2]:.1f} |")
         del mt
         torch.cuda.empty_cache()
     for model, shapes in UNSEEN.items():
@@ -145,11 +148,9 @@ def main():
                 nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: the fallback's own choice
                 for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv)):
                     ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
-                part2.append(f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(fb[False])} | {fw:.1f} | {fv:.1f} | "
-                             f"{short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | {cub / rw:.3f} | "
-                             f"{cub / fv:.3f} | {cub / rv:.3f} |")
-                print(part2[-1], flush=True)
-                write()
+                emit(part2, f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(fb[False])} | {fw:.1f} | {fv:.1f} | "
+                            f"{short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | {cub / rw:.3f} | "
+                            f"{cub / fv:.3f} | {cub / rv:.3f} |")
             del mt
             torch.cuda.empty_cache()
     write()
