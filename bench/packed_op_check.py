@@ -3,7 +3,7 @@
     W12_CUDA=1 python bench/packed_op_check.py
 
 For a random 4096×4096 and a 6144×4096 (fused-width) matrix with escapes: both ops at M = 1, 16, 48, 128, 200
-(skinny, tensor-core and Triton kernels), outputs compared by bits; then a W12Linear prepared on CUDA and
+(the skinny and ws kernels, and the path above 128 rows), outputs compared by bits; then a W12Linear prepared on CUDA and
 captured in a CUDA graph, compared with the op's eager output.
 """
 

@@ -8,7 +8,7 @@
     python bench/profile_kernels.py --pipes raw.csv --names names.txt   # tensor / ALU / LSU pipes, issue, shared memory
                                         # (profile with --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
 
-The ws kernel's config for the shape is profiled too where WS_TABLE names one.  The tensor-core and ws kernels launch
+At M > 8 the ws kernel is profiled too, with WS_TABLE's config for the shape or else ws_rule_config's.  It launches
 an X-reordering kernel first:
 profile with --kernel-name regex:"gemm|gemv|nvjet" so that the n-th profiled kernel stays the n-th variant.
 Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
@@ -56,11 +56,8 @@ def variants(cases=DEFAULT_CASES):
             if m <= 64:
                 cands.append((f"skinny {gc.pick_config(m, n, k)}", lambda x=x, mt=mt, c=gc.pick_config(m, n, k): mt.run(x, cuda=c)))
                 cands.append(("skinny view", lambda x=x, mt=mt, c=gc.pick_config(m, n, k, True): mt.run(x, view=True, cuda=c)))
-            if m > 8:
-                c = gc.pick_tc_config(m, n, k)
-                cands.append((f"tc {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
-            if (n, k, gc.m_bucket(m)) in gc.WS_TABLE:  # the ws kernel where WS_TABLE (or W12_WS_TABLE) names one
-                c = gc.WS_TABLE[(n, k, gc.m_bucket(m))]
+            if m > 8:  # the ws kernel: WS_TABLE's (or W12_WS_TABLE's) config, else the rule's
+                c = gc.WS_TABLE.get((n, k, gc.m_bucket(m))) or gc.ws_rule_config(m, n, k)
                 cands.append((f"ws {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
             for name, fn in cands:
                 y = fn()

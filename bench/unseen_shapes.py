@@ -1,6 +1,6 @@
 """W12 GEMM at M = 16…128 on shapes outside the measured tables: the ws kernel with gemm_cuda.ws_rule_config against
-what kernel_for fell back to before session 27 without a table entry (the skinny or the tensor-core kernel) and
-cuBLAS BF16.  One GPU call.
+the skinny kernel with gemm_cuda.pick_config (M ≤ 64) and cuBLAS BF16 — the data behind kernel_for's choice between
+the two kernels for other models' widths.  One GPU call.
 
     W12_CUDA=1 python bench/unseen_shapes.py [--ms 16,32,48,64,128] [--out DIR]
 
@@ -8,7 +8,7 @@ WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.p
 (Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule, which this bench measured: "now" is what kernel_for
 dispatches (the rule's ws config, or the skinny kernel where the rule keeps it).  Part 1, the rule on the table's own
 shapes: wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows
-better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the fallback, each
+better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the skinny one, each
 checked first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same
 bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
 OUT/unseen_shapes.md, rewritten after every row.
@@ -35,22 +35,9 @@ UNSEEN = {
 }
 
 
-def fallback_config(m: int, n: int, k: int, view: bool):
-    """kernel_for's choice before session 27 where no table held the shape (the skinny or the tensor-core kernel)."""
-    if m <= 16:
-        tc = False
-    elif m <= 32:
-        tc = n >= 100_000 or (n >= 28672 and k <= 4096)
-    else:
-        tc = m > 64 or n * k >= 20_000_000
-    return gc.pick_tc_config(m, n, k) if tc else gc.pick_config(m, n, k, view)
-
-
 def short(cfg) -> str:
     if isinstance(cfg, gc.WsConfig):
         return f"ws {cfg.nt}/{cfg.split}" + ("" if cfg.evict_first else " nohint")
-    if isinstance(cfg, gc.TcConfig):
-        return f"tc {cfg.nt}/{cfg.split}"
     return f"skinny {cfg.nt}/{cfg.warps}/{cfg.unroll}/{cfg.split}"
 
 
@@ -89,7 +76,7 @@ def main():
     ms = [int(v) for v in a.ms.split(",")]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    head = [f"# W12 at M = {a.ms} on shapes outside the tables: ws_rule_config vs the fallback — "
+    head = [f"# W12 at M = {a.ms} on shapes outside the tables: ws_rule_config vs the skinny kernel — "
             f"{datetime.date.today()}", "",
             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
             f"commit {os.environ.get('W12_REV', '?')}",
@@ -101,13 +88,13 @@ def main():
              "| N×K | M | cuBLAS µs | table | µs | rule | µs | rule / table time | view: table µs | rule µs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     part2 = ["## 2. Shapes outside the tables", "",
-             "| model | N×K | M | cuBLAS µs | fallback | W12 µs | view µs | rule | W12 µs | view µs | now | W12 ratio: "
-             "fallback | rule | view ratio: fallback | rule |", "|---" * 15 + "|"]
+             "| model | N×K | M | cuBLAS µs | skinny | W12 µs | view µs | ws (rule) | W12 µs | view µs | now | W12 ratio: "
+             "skinny | ws | view ratio: skinny | ws |", "|---" * 15 + "|"]
     ratios: dict = {}
 
     def write():
         summ = ["## Summary: geomean of cuBLAS µs / kernel µs over the unseen shapes", "",
-                "| M | W12 fallback | W12 rule | W12 now | view fallback | view rule | view now |",
+                "| M | W12 skinny | W12 ws | W12 now | view skinny | view ws | view now |",
                 "|---|---|---|---|---|---|---|"]
         for m in ms:
             r = ratios.get(m, {})
@@ -139,18 +126,22 @@ def main():
             mt = prepared(n, k, 500 + si)
             for m in ms:
                 rule = gc.ws_rule_config(m, n, k)
-                fb = {v: fallback_config(m, n, k, v) for v in (False, True)}
-                r, cub = case(mt, m, {"fallback": (fb[False], fb[True]), "rule": (rule, rule)}, m)
-                (_, fw, fv, _), (_, rw, rv, _) = r["fallback"], r["rule"]
+                cfgs = {"rule": (rule, rule)}
+                if m <= 64:  # the skinny kernel's range
+                    cfgs["skinny"] = (gc.pick_config(m, n, k), gc.pick_config(m, n, k, True))
+                r, cub = case(mt, m, cfgs, m)
+                (_, rw, rv, _) = r["rule"]
+                sk, fw, fv, _ = r.get("skinny", (None, float("nan"), float("nan"), 0.0))
                 now = gc.kernel_for(m, n, k)
-                assert now in ("ws", "skinny")
+                assert now in ("ws", "skinny") and (now == "ws" or m <= 64)
                 assert (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
-                nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: the fallback's own choice
+                nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: pick_config's choice, timed above
                 for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv)):
-                    ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
-                emit(part2, f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(fb[False])} | {fw:.1f} | {fv:.1f} | "
-                            f"{short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | {cub / rw:.3f} | "
-                            f"{cub / fv:.3f} | {cub / rv:.3f} |")
+                    if t == t:  # not NaN (no skinny kernel above M = 64)
+                        ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
+                emit(part2, f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(sk) if sk else '—'} | {fw:.1f} | "
+                            f"{fv:.1f} | {short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | "
+                            f"{cub / rw:.3f} | {cub / fv:.3f} | {cub / rv:.3f} |")
             del mt
             torch.cuda.empty_cache()
     write()

@@ -1,4 +1,4 @@
-"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, wgmma, ws): checks, config choice, launch.
+"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, ws): checks, config choice, launch.
 
     if gemm_cuda.usable(x, records, exponents, n):
         y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
@@ -36,17 +36,6 @@ class CudaConfig:
 # (bench/decode_step.py, 2026-12-01-pdl-h200-s7.md): it pays only when the kernels around it use PDL too, so by
 # default it follows inductor's switch (TORCHINDUCTOR_ENABLE_PDL=1); W12_PDL=0/1 overrides.
 PDL = os.environ.get("W12_PDL", os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "0")) != "0"
-
-TC_CHANNELS = 128  # output channels per CTA of the tensor-core kernel (w12_gemv.cu TC_CH)
-
-
-@dataclass(frozen=True)
-class TcConfig:
-    """The tensor-core kernel (w12_gemm_tc_kernel: wgmma, TC_CHANNELS channels × 8·nt X rows per CTA, X shared in
-    shared memory)."""
-    nt: int  # X rows per CTA / 8: 2, 4, 8 or 16
-    split: int = 1  # CTAs along K
-
 
 @dataclass(frozen=True)
 class WsConfig:
@@ -136,8 +125,8 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
     2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–64 below
     4 M weights (SmolLM2's widths, where the ws kernel's grid is a few CTAs); the ws kernel with ws_rule_config
-    elsewhere — at M = 17–128 it was 1.1–2.2× the skinny / tensor-core kernel that took those calls before.  (The
-    tensor-core kernel, "wgmma", is now dispatched nowhere: it runs by an explicit TcConfig.)"""
+    elsewhere — at M = 17–128 it was 1.1–2.2× the skinny / tensor-core kernel that took those calls before (the
+    tensor-core kernel, "wgmma", then dispatched nowhere, was removed in session 28)."""
     if (n, k, m_bucket(m)) in WS_TABLE:
         return "ws"
     if m > 128:
@@ -163,37 +152,6 @@ def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
     slots = 132 if nt == 16 else 264
     split = 1 if tiles >= 200 else max(1, min(8, slots // tiles, kb // 16))
     return WsConfig(nt, split, evict_first=not (n >= 100_000 and m <= 32))
-
-
-# (N, K, nt) -> split of the tensor-core kernel: the fastest of 1/2/4/8 at M = 8·nt (bench/tc_configs.py,
-# 2026-12-02-tc-configs-h200-s10.md, after the float4 split-K reduction); other shapes: pick_tc_config's rule.
-TC_SPLIT: dict = {
-    (6144, 4096, 4): 4, (6144, 4096, 8): 4, (6144, 4096, 16): 2,
-    (4096, 4096, 4): 8, (4096, 4096, 8): 4, (4096, 4096, 16): 4,
-    (28672, 4096, 4): 1, (28672, 4096, 8): 1, (28672, 4096, 16): 1,
-    (4096, 14336, 4): 8, (4096, 14336, 8): 8, (4096, 14336, 16): 4,
-    (128256, 4096, 4): 1, (128256, 4096, 8): 1, (128256, 4096, 16): 1,
-    (10240, 5120, 4): 8, (10240, 5120, 8): 8, (10240, 5120, 16): 1,
-    (5120, 8192, 4): 8, (5120, 8192, 8): 8, (5120, 8192, 16): 2,
-    (51200, 5120, 4): 2, (51200, 5120, 8): 2, (51200, 5120, 16): 1,
-    (5120, 25600, 4): 8, (5120, 25600, 8): 8, (5120, 25600, 16): 8,
-    (151936, 5120, 4): 1, (151936, 5120, 8): 1, (151936, 5120, 16): 1,
-}
-
-
-def pick_tc_config(m: int, n: int, k: int) -> TcConfig:
-    """nt: the smallest that holds M; split K: TC_SPLIT's measured choice, else (a power of 2, at most 8, ≥ 8
-    records per split) as far as the grid stays within ~2.5 CTAs per SM (132 SMs; 1 per SM for nt = 16, whose
-    shared memory allows one) — the rule that was within 2 % of the best split on every shape before the float4
-    reduction made splitting cheaper (2026-12-02-tc-configs-h200-s9.md)."""
-    nt = next(v for v in (2, 4, 8, 16) if m <= 8 * v)
-    if (n, k, nt) in TC_SPLIT:
-        return TcConfig(nt, TC_SPLIT[(n, k, nt)])
-    ctas, kb, split = (n + 127) // 128 * (128 // TC_CHANNELS) * ((m + 8 * nt - 1) // (8 * nt)), k // 64, 1
-    slots = 132 if nt == 16 else 330
-    while split < 8 and ctas * split * 2 <= slots and kb // (2 * split) >= 8:
-        split *= 2
-    return TcConfig(nt, split)
 
 
 def _nt_for(m: int) -> int:
@@ -345,12 +303,14 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     return CudaConfig(nt, warps, 1, split)
 
 
-def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | TcConfig | WsConfig:
+def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | WsConfig:
     """The kernel and config that `launch` runs for Y[m, n] = X·Wᵀ when it is given none (kernel_for's choice)."""
     kind = kernel_for(m, n, k)
+    if kind is None:
+        raise ValueError(f"no CUDA W12 kernel takes M = {m} rows (they cover M ≤ 128): check gemm_cuda.usable first")
     if kind == "ws":
         return WS_TABLE.get((n, k, m_bucket(m))) or ws_rule_config(m, n, k)
-    return pick_config(m, n, k, view) if kind == "skinny" else pick_tc_config(m, n, k)
+    return pick_config(m, n, k, view)
 
 
 def _even(v: int) -> int:
@@ -401,7 +361,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | TcConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
+           config: CudaConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
     trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
     TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
@@ -418,14 +378,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
-    if isinstance(cfg, TcConfig):
-        tiles = nb * (128 // TC_CHANNELS) * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, TC_CHANNELS * 8 * cfg.nt)
-        xp = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # X in wgmma k order (w12_x_wgorder_kernel)
-        err = library().w12_gemm_tc(
-            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xp), stream)
-    elif isinstance(cfg, WsConfig):
+    if isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)

@@ -1,9 +1,9 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
-// registers straight into MMA fragments: the skinny kernel (below; M ≤ 64), the tensor-core kernel
-// (w12_gemm_tc_kernel, further down, wgmma; 9 ≤ M ≤ 128; run only by an explicit config) and the warp-specialized
-// kernel (w12_gemm_ws_kernel, last; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  (The xs
-// kernel — X in shared memory for 128 channels, W streamed as in the skinny kernel — was removed in session 27: the
-// ws kernel had taken every bucket it won, and its 36 variants were a third of the build time.)
+// registers straight into MMA fragments: the skinny kernel (below; M ≤ 64) and the warp-specialized kernel
+// (w12_gemm_ws_kernel, last; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  (Removed once the ws
+// kernel had taken every call they ran: the xs kernel — X in shared memory for 128 channels, W streamed as in the
+// skinny kernel — in session 27, its 36 variants a third of the build time; the tensor-core kernel — wgmma on a
+// cp.async ring with one CTA barrier per record — in session 28, after it had been dispatched nowhere for a session.)
 // Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
@@ -270,10 +270,10 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
-// The tensor-core kernel's: the same adds in the same order per output (0 + p0 + p1 + …, so the same bits), from
+// The ws kernel's (finish_tile): the same adds in the same order per output (0 + p0 + p1 + …, so the same bits), from
 // float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of independent L2 loads
 // instead of 32 (up to 64 registers of partials; the accumulators are dead by then).  Measured: 4096² M = 64
-// split 4 42.0 → 34.2 µs (2026-12-02-tc-configs-h200-s10.md).
+// split 4 42.0 → 34.2 µs in the tensor-core kernel it was written for (2026-12-02-tc-configs-h200-s10.md).
 __device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
   if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
   const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
@@ -605,60 +605,13 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
 }
 
 // =================================================================================================
-// W12 GEMM for 9 ≤ M ≤ 128 (tensor cores, X shared through shared memory)
+// wgmma pieces of the ws kernel (below)
 // =================================================================================================
-// CTA (cx, mb, z) = TC_CH = 16·TC_WARPS output channels (rows r0.. of record row nb = cx / (128 / TC_CH)) ×
-// MT = 8·NT rows of X × the records [z·⌈KB/S⌉, …) of split z.  Warp w owns the 16 channels r0 + 16w ..
-// (its tile c = nb·8 + r0/16 + w) and every record of the CTA.  Each record's TC_CH rows of W bytes (view
-// and nibbles, each contiguous in the record) and its X tile go through a STAGES-deep cp.async ring in
-// shared memory (one barrier per record; STAGES − 1 records in flight); a warp reads its A bytes from
-// there (the same lane layout and decode as the skinny kernel).  X rows are 128 bytes; the 16-byte chunk q of
-// row m sits at chunk q ^ (m & 7) (wgmma's 128-byte swizzle).
-// Escapes: while record kb's X tile is in shared memory, each warp adds x[m, col] · (w − w_code) of its
-// tile's entries of record kb, in list order, to a per-warp fp32 correction corr[16][MT] (real units);
-// the epilogue writes y = Σ acc · 2^(E_n − 127) + corr (entries past the per-warp prefetch of ECAP are
-// added in the epilogue from global memory, after the others: still list order).  Split K as in the
-// skinny kernel (partials in ws, tickets, fixed order), added by splitk_last4.
-// MMA: wgmma m64n(MT)k16 per warpgroup of 4 warps = 64 channels (the tensor cores read the X stage once per
-// warpgroup; A = the decoded fragments, from registers).  wgmma reads B in k order, so the X stage holds each
-// record's column pairs at the k positions the decode's lane order needs (x_off): copied from xp, X put in that
-// order once per call by w12_x_wgorder_kernel.  (An mma.sync m16n8k16 form, each warp reading its X fragments
-// from shared memory, measured slower wherever a tensor-core kernel is dispatched: removed in session 9.)
-constexpr int TC_WARPS = 8, TC_THREADS = 256, TC_CH = 16 * TC_WARPS, ECAP = 128;
-
-// X: through L1 (.ca), where the CTAs of an SM that read the same X tile meet; W: L2 only (.cg), read once
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-               "l"(gmem), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async16_cg(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
-// A decoding warp's escapes (its 16-channel tile c) for the tensor-core and ws kernels: the per-record offsets
-// my_toff[0..nrec] and the first CAP entries staged in shared memory, [e_lo, e_hi) = its entries; its corr zeroed.
-template <int MT, bool VIEW, int CAP>
-__device__ __forceinline__ void escape_prologue(int* my_toff, uint2* my_ent, float* my_corr, const int32_t* toff,
-                                                   const int32_t* tent, int c, int KB, int a, int nrec, int lane,
-                                                   int& e_lo, int& e_hi) {
-  if (!VIEW) {
-    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
-    __syncwarp();
-    e_lo = my_toff[0];
-    e_hi = my_toff[nrec];
-    for (int i = lane; i < min(CAP, e_hi - e_lo); i += 32)
-      my_ent[i] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + i));
-  }
-  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
-}
 
 // ---- wgmma (sm_90a): D[64 channels, MT] += A[64, 16] · B[16, MT], A = the 4 warps' decoded fragments in
 // registers (the mma.m16n8k16 A layout per warp: warp w of the group holds channels 16w..16w+15), B = the X
-// stage in shared memory, K-major rows of 128 bytes with the 128-byte swizzle (chunk q of row m at q ^ (m & 7),
-// the layout above; stage base 1024-byte aligned).  Descriptor: start >> 4 | LBO 16 >> 4 << 16 | SBO 1024 >> 4
+// tile of a ring slot in shared memory, K-major rows of 128 bytes with the 128-byte swizzle (chunk q of row m at
+// q ^ (m & 7); slot base 1024-byte aligned).  Descriptor: start >> 4 | LBO 16 >> 4 << 16 | SBO 1024 >> 4
 // << 32 (8 rows of 128 B per swizzle atom) | swizzle 128 B (1 << 62); k-step s starts 32·s bytes into the row.
 __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
   return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) | ((uint64_t)1 << 62);
@@ -666,8 +619,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// generic-proxy writes to shared memory (cp.async) made visible to the async proxy (wgmma operand reads)
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Pins the accumulator registers at this point of the program (no copy of them is taken across a wgmma wait).
 template <int NT>
@@ -743,206 +694,6 @@ __device__ __forceinline__ int x_off(int m, int col) {
   const int d = wg_word(col >> 1);
   return m * 128 + (((d >> 2) ^ (m & 7)) << 4) + 4 * (d & 3) + 2 * (col & 1);
 }
-
-// X with each 64-column block's column pairs in the wgmma k order (xp[m, 64·kb + 2·wg_word(P) + e] =
-// x[m, 64·kb + 2·P + e]): the kernel's X stages are
-// then plain 16-byte copies (the swizzle only), instead of 4-byte copies with per-copy index arithmetic, which
-// took ~85 % of the kernel's instructions (ncu source counters, 2026-12-02-kernels-ncu-h200-s9.md).  xp: [M, K].
-__global__ void w12_x_wgorder_kernel(const __nv_bfloat16* __restrict__ x, int ldx, __nv_bfloat16* __restrict__ xp,
-                                     int M, int K) {
-  const int words = K / 2;  // 32-bit column pairs per row
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)M * words; i += (long)gridDim.x * blockDim.x) {
-    const int m = (int)(i / words), w = (int)(i % words);
-    reinterpret_cast<uint32_t*>(xp + (size_t)m * K)[(w & ~31) + wg_word(w & 31)] =
-        reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w];
-  }
-}
-
-template <int NT, bool VIEW, int STAGES>
-__global__ void __launch_bounds__(TC_THREADS) w12_gemm_tc_kernel(
-    const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xp, int ldxp, int M, int ldx,
-    const uint8_t* __restrict__ rec,
-    const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
-    __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets) {
-  constexpr int MT = 8 * NT;
-  constexpr int XST = MT * 128;           // bytes of one X stage
-  constexpr int WST = TC_CH * 96;          // bytes of one W stage: view [TC_CH][64], then nibbles [TC_CH][32]
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  // the X ring starts 1024-byte aligned in the shared window (wgmma's swizzle atoms; tc_smem adds the slack)
-  uint8_t* smem = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
-  uint8_t* xs = smem;                                                   // [STAGES][MT][128], swizzled
-  uint8_t* wsm = smem + STAGES * XST;                                   // [STAGES][WST]
-  float* corr = reinterpret_cast<float*>(wsm + STAGES * WST);           // [4][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + TC_WARPS * 16 * MT);   // [4][ECAP]
-  int* s_toff = reinterpret_cast<int*>(s_ent + TC_WARPS * ECAP);        // [4][kps + 1]
-  __shared__ __align__(16) uint8_t s_e[TC_CH];
-  __shared__ int s_last;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int nb = blockIdx.x / (128 / TC_CH), r0 = (blockIdx.x % (128 / TC_CH)) * TC_CH, m0 = blockIdx.y * MT;
-  const int c = nb * 8 + r0 / 16 + warp;  // this warp's 16-channel tile
-  const int S = gridDim.z, kps = (KB + S - 1) / S;
-  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
-  const uint8_t* base = rec + (size_t)nb * KB * REC;
-  const int rw = 16 * warp;  // the warp's first row in the W stage
-  const int v0 = (rw + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = TC_CH * 64 + (rw + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const uint32_t nkeep = nib_keep(t);
-
-  // stage loader: X (chunk q of row m of record kb, rows ≥ M zero-filled; from xp, X in k order with rows of
-  // K = 64·KB, so that x_off holds) and W of record kb -> slot
-  auto load_stage = [&](int kb, int slot) {
-    uint8_t* dst = xs + slot * XST;
-    for (int i = tid; i < MT * 8; i += TC_THREADS) {
-      const int m = i >> 3, q = i & 7;
-      const bool ok = m0 + m < M;
-      const __nv_bfloat16* src = xp + (size_t)(ok ? m0 + m : 0) * ldxp + kb * 64 + q * 8;
-      cp_async16_zfill(dst + m * 128 + ((q ^ (m & 7)) << 4), src, ok);
-    }
-    // W: rows r0..r0+63 of record (nb, kb): 4 KB of view bytes and 2 KB of nibbles, both contiguous
-    const uint8_t* r = base + (size_t)kb * REC;
-    uint8_t* wd = wsm + slot * WST;
-    for (int i = tid; i < WST / 16; i += TC_THREADS) {
-      const uint8_t* src = i < 4 * TC_CH ? r + r0 * 64 + 16 * i : r + VIEW_BYTES + r0 * 32 + 16 * (i - 4 * TC_CH);
-      if (!VIEW || i < 4 * TC_CH) cp_async16_cg(wd + 16 * i, src);
-    }
-  };
-
-  // ---- prologue: W and X of the first STAGES − 1 records, the warp's escape offsets, exponents and
-  // (after the offsets arrive) its first ECAP entries
-  if (tid < TC_CH / 16) cp_async16(s_e + 16 * tid, expo + nb * 128 + r0 + 16 * tid);  // in group 0, with X of record a
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nrec) load_stage(a + s, s);
-    cp_async_commit();
-  }
-  int e_lo = 0, e_hi = 0;
-  int* my_toff = s_toff + warp * (kps + 1);
-  float* my_corr = corr + warp * 16 * MT;
-  escape_prologue<MT, VIEW, ECAP>(my_toff, s_ent + warp * ECAP, my_corr, toff, tent, c, KB, a, nrec, lane, e_lo, e_hi);
-
-  float acc[NT][4];
-#pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-
-  // this warp's escapes of record a + i, from the staged X: corr[r][m] += x[m, col] · (w − w_code), list order
-  auto escapes = [&](int i, const uint8_t* xsl) {
-    if (VIEW) return;
-    const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, ECAP);
-    for (int e = i0; e < i1; ++e) {
-      const uint2 en = s_ent[warp * ECAP + e];
-      const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
-      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
-      const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
-      for (int m = lane; m < MT; m += 32) {
-        const uint16_t xb = *reinterpret_cast<const uint16_t*>(xsl + x_off(m, col));
-        my_corr[rl * MT + m] = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), d, my_corr[rl * MT + m]);
-      }
-    }
-  };
-
-  // ---- one record: wait for its X stage, refill the ring, MMAs, this record's escapes
-  auto step = [&](int i) {
-    cp_async_wait<STAGES - 2>();
-    fence_proxy_async();  // this thread's copies of record a + i, visible to wgmma
-    __syncthreads();  // X of record a + i visible to all; everyone is done with the slot refilled below
-    if (i + STAGES - 1 < nrec) load_stage(a + i + STAGES - 1, (i + STAGES - 1) % STAGES);
-    cp_async_commit();
-    const uint8_t* xsl = xs + (i % STAGES) * XST;
-    const uint8_t* wsl = wsm + (i % STAGES) * WST;
-    const uint4 va = *reinterpret_cast<const uint4*>(wsl + v0), vb = *reinterpret_cast<const uint4*>(wsl + v1);
-    uint4 na = make_uint4(0, 0, 0, 0), nbw = na;
-    if (!VIEW) {
-      na = *reinterpret_cast<const uint4*>(wsl + n0);
-      nbw = *reinterpret_cast<const uint4*>(wsl + n1);
-    }
-    // the four k-steps' fragments, four wgmma (B = the X stage at k-step s: 32·s bytes in), the
-    // escapes while they run, then wait (so the slot is free at the next barrier; waiting one step later
-    // instead made ptxas serialize the wgmma: the escape loop then sat inside the pipeline stage)
-    uint32_t fa[4][4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t nwa = VIEW ? 0u : word(na, s), nwb = VIEW ? 0u : word(nbw, s);
-      decode4<VIEW>(word(va, s), nwa, nkeep, fa[s][0], fa[s][2]);
-      decode4<VIEW>(word(vb, s), nwb, nkeep, fa[s][1], fa[s][3]);
-    }
-    const uint32_t xa = (uint32_t)__cvta_generic_to_shared(xsl);
-    fence_acc(acc);
-    wg_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_k16<NT>(acc, fa[s][0], fa[s][1], fa[s][2], fa[s][3], wg_desc(xa + 32 * s));
-    wg_commit();
-    escapes(i, xsl);
-    wg_wait0();
-  };
-  for (int i = 0; i < nrec; ++i) step(i);
-  fence_acc(acc);  // the accumulators are read only after the last wait
-  cp_async_wait<0>();
-  __syncthreads();  // the X ring is free: reuse it for the warps' sums
-
-  // ---- epilogue: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP), per warp; split K; store
-  float* red = reinterpret_cast<float*>(xs) + warp * 16 * MT;  // [16][MT] of this warp (the X and W rings)
-  store_acc<NT>(red, acc, g, t);
-  const int mcount = min(MT, M - m0);
-  for (int idx = lane; idx < 16 * MT; idx += 32) {
-    const int r = idx / MT;
-    red[idx] = red[idx] * __int_as_float((int)s_e[16 * warp + r] << 23) + my_corr[idx];
-  }
-  __syncwarp();
-  if (!VIEW && e_hi - e_lo > ECAP) {  // rare: entries past the prefetch, from global memory, in order
-    for (int e = e_lo + ECAP; e < e_hi; ++e) {
-      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
-      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
-      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
-      const float d = wv - __int_as_float(((int)s_e[16 * warp + rl] - 15) << 23);
-      for (int m = lane; m < mcount; m += 32)
-        red[rl * MT + m] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[rl * MT + m]);
-      __syncwarp();
-    }
-  }
-  // [TC_CH][MT]: row 16w + r
-  finish_tile<TC_CH, MT, TC_THREADS>(reinterpret_cast<float*>(xs), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x, S,
-                                     &s_last, y, ldy, N, nb * 128 + r0, m0, mcount);
-}
-
-// ring depth: as deep as two CTAs per SM allow (the W bytes in flight are what M ≤ 32 needs)
-template <int NT>
-constexpr int tc_stages() {
-  return NT >= 8 ? 3 : 4;
-}
-
-template <int NT>
-size_t tc_smem(int kps) {
-  constexpr int STAGES = tc_stages<NT>();
-  return 1024 + (size_t)STAGES * (8 * NT * 128 + TC_CH * 96) + TC_WARPS * 16 * 8 * NT * 4 + TC_WARPS * ECAP * 8 +
-         TC_WARPS * (kps + 1) * 4;
-}
-
-template <int NT, bool VIEW>
-cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                      const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      void* xp, cudaStream_t st) {
-  auto kern = w12_gemm_tc_kernel<NT, VIEW, tc_stages<NT>()>;
-  const int kps = (KB + split - 1) / split;
-  const size_t smem = tc_smem<NT>(kps);
-  static size_t set = 0;
-  if (smem > set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = smem;
-  }
-  // X in wgmma k order first (M · K / 2 words, a few µs at most)
-  const long words = (long)M * KB * 32;
-  w12_x_wgorder_kernel<<<(int)min(1024L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx,
-                                                                             (__nv_bfloat16*)xp, M, KB * 64);
-  dim3 grid(NB * (128 / TC_CH), (M + 8 * NT - 1) / (8 * NT), split);
-  kern<<<grid, TC_THREADS, smem, st>>>((const __nv_bfloat16*)x, (const __nv_bfloat16*)xp, KB * 64, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-                                        (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
-                                        (float*)ws, (int*)tickets);
-  return cudaGetLastError();
-}
-
 // =================================================================================================
 // W12 GEMM for 9 ≤ M ≤ 128, warp-specialized (the "ws" kernel: bulk copies into a ring, mbarriers, wgmma)
 // =================================================================================================
@@ -951,15 +702,19 @@ cudaError_t launch_tc(const void* x, int M, int ldx, const void* rec, const void
 // rows of 128 bytes) into slot i % WS_STAGES of a ring with two bulk copies (cp.async.bulk: the copy engine, no
 // registers held, completion counted in bytes on the slot's `full` mbarrier).  Warps 0–7 (two warpgroups of 64
 // channels; warp w owns the 16 channels 16w.., tile c = nb·8 + w) wait on `full`, decode their A fragments from
-// the slot as the tensor-core kernel does, run four wgmma m64n(MT)k16 on the slot's X, add the record's escapes
+// the slot (the skinny kernel's lane layout and decode4), run four wgmma m64n(MT)k16 on the slot's X, add the record's escapes
 // from the slot's X, wait for the wgmma and arrive on the slot's `empty` mbarrier, which the producer waits on
 // before it refills the slot.  No CTA-wide barrier in the main loop: the producer runs up to WS_STAGES records
-// ahead, a slow warp holds back only its own slot.  (The tensor-core kernel instead has every thread issue
-// cp.async copies and meet at a __syncthreads per record: latency-bound, 2026-12-02-kernels-ncu-h200-s9.md.)
+// ahead, a slow warp holds back only its own slot.  (The tensor-core kernel before it — removed in session 28 — had
+// every thread issue cp.async copies and meet at a __syncthreads per record: latency-bound,
+// 2026-12-02-kernels-ncu-h200-s9.md.)
 // X reaches the slot already in wgmma k order and 128-byte swizzled: w12_x_ws_kernel writes it once per call as
 // xq[kb][Mpad][64] (record-major, rows ≥ M zero), so that a slot's X tile is one contiguous copy.
-// Escapes (a sparse correction: corr per warp in shared memory, list order), epilogue and split K: as in the
-// tensor-core kernel, but the CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
+// Escapes: a sparse correction — while record kb's X tile is in its slot, each consumer warp adds
+// x[m, col] · (w − w_code) of its tile's entries of record kb, in list order, to its fp32 corr[MT][16] in shared
+// memory (real units); the epilogue writes y = Σ acc · 2^(E_n − 127) + corr, then the entries past the WS_ECAP staged
+// ones from global memory (still list order).  Split K as in the skinny kernel (partials in ws, tickets, fixed
+// order), added by splitk_last4.  The CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
 // memory without bank conflicts (the [128][MT] layout cost ~15 % of the stall samples at M = 128,
 // 2026-12-02-kernels-ncu-ws-sass-h200-s15.md).
 // (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
@@ -1098,7 +853,7 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   }
 }
 
-// The warp's A fragments of the record in `slot` (the tensor-core kernel's decode): fa[k] = a0..a3 of k-step k.
+// The warp's A fragments of the record in `slot` (the skinny kernel's lane layout and decode4): fa[k] = a0..a3 of k-step k.
 template <bool VIEW>
 __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, int n0, int n1, uint32_t nkeep,
                                           uint32_t (&fa)[4][4]) {
@@ -1140,7 +895,7 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
-// A consumer warp's escape prologue (escape_prologue's, with the second round trip left in flight): the per-record
+// A consumer warp's escape prologue (the second round trip left in flight): the per-record
 // offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
 // l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
 static_assert(WS_ECAP == 64, "two staged entries per lane");
@@ -1213,7 +968,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][ECAP]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
   int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
@@ -1301,7 +1056,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   }
   __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
-  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past ECAP)
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
     ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
@@ -1440,26 +1195,6 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
   W12_TR(false, 4, 1) W12_TR(false, 4, 2) W12_TR(false, 8, 1) W12_TR(false, 8, 2)
   W12_TR(true, 4, 1) W12_TR(true, 4, 2) W12_TR(true, 8, 1) W12_TR(true, 8, 2)
 #undef W12_TR
-  return (int)cudaErrorInvalidValue;
-}
-
-// The tensor-core W12 GEMM for 9 ≤ M ≤ 128 (w12_gemm_tc_kernel above).  nt: X rows per CTA / 8 (2, 4, 8, 16);
-// split: CTAs along K (split > 1 needs ws: fp32 [NB·128/TC_CH · ceil(M / 8nt) · split · TC_CH · 8nt] and
-// tickets: int32 zeros [NB·128/TC_CH · ceil(M / 8nt)], left at zero); TC_CH = 128 (gemm_cuda.TC_CHANNELS).
-// xp: bf16 [M, K] scratch for X in wgmma k order (w12_x_wgorder_kernel, launched first on the stream).
-// Same tensors and preconditions as w12_gemv.
-extern "C" int w12_gemm_tc(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
-                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xp, void* stream) {
-  cudaStream_t st = (cudaStream_t)stream;
-  if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
-#define W12_TC(NTV, V) \
-  if (nt == NTV && !!view == V) \
-    return launch_tc<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xp, st);
-#define W12_TC4(V) W12_TC(2, V) W12_TC(4, V) W12_TC(8, V) W12_TC(16, V)
-  W12_TC4(false) W12_TC4(true)
-#undef W12_TC4
-#undef W12_TC
   return (int)cudaErrorInvalidValue;
 }
 

@@ -32,8 +32,7 @@ def test_kernel_choice(monkeypatch):
     """The ws kernel where WS_TABLE measured it faster, then the skinny kernel where its TABLE measured the shape at
     that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the skinny kernel up to M = 8, at 9–16
     below N = 51200 and at 17–64 below 4 M weights, elsewhere the ws kernel with ws_rule_config (nt covers M; split
-    fills one wave, ≥ 16 records each, ≤ 8); None above M = 128.  The tensor-core kernel's split rule (an explicit
-    TcConfig): TC_SPLIT's measured choice, else fills the GPU, ≤ 8."""
+    fills one wave, ≥ 16 records each, ≤ 8); None above M = 128, where dispatched_config refuses."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
@@ -54,16 +53,8 @@ def test_kernel_choice(monkeypatch):
     assert gc.dispatched_config(40, 10240, 8192) == gc.WsConfig(6, 3)
     assert all(rule(m, n, k).split <= min(8, k // 64) and m <= 8 * rule(m, n, k).nt for m in (9, 17, 33, 64, 65, 128)
                for n in (128, 1000, 4096, 57344) for k in (64, 576, 4096, 65536))
-    assert all(gc.pick_tc_config(m, n, k).split <= 8 for m in (17, 64, 128) for n in (128, 1024, 4096)
-               for k in (4096, 14336, 65536))
-    assert gc.pick_tc_config(48, 28672, 4096) == gc.TcConfig(8, 1)
-    assert gc.pick_tc_config(64, 1024, 512).split == 1  # 8 records: no split
-    # the rule (shapes not in TC_SPLIT): 24 CTAs of 128 channels at K = 4096 -> split 8 (8 records each)
-    assert (3072, 4096, 4) not in gc.TC_SPLIT and gc.pick_tc_config(20, 3072, 4096) == gc.TcConfig(4, 8)
-    # measured best splits (2026-12-02-tc-configs-h200-s10.md)
-    assert [gc.pick_tc_config(64, n, k).split for n, k in ((6144, 4096), (10240, 5120), (5120, 25600))] == [4, 8, 8]
-    assert [gc.pick_tc_config(128, n, k).split for n, k in ((6144, 4096), (4096, 4096), (5120, 25600))] == [2, 4, 8]
-    assert all(gc.pick_tc_config(8 * nt, n, k) == gc.TcConfig(nt, s) for (n, k, nt), s in gc.TC_SPLIT.items())
+    with pytest.raises(ValueError, match="M = 129"):
+        gc.dispatched_config(129, 4096, 4096)
 
 
 def test_table_override(tmp_path, monkeypatch):
@@ -161,8 +152,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
-@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_tc",
-                                                       "w12_gemm_ws"]),
+@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_ws"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
@@ -188,9 +178,6 @@ def test_configs_name_compiled_kernels(tmp_path):
         return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p, c.l2,
                             int(c.xreg))
 
-    def tc(nt, view):
-        return lib.w12_gemm_tc(p, 16, 64, p, p, p, p, p, 64, 128, 1, 4, view, nt, 1, p, p, p, p)
-
     def ws(nt, split, view):
         return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1)
 
@@ -198,15 +185,13 @@ def test_configs_name_compiled_kernels(tmp_path):
     skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
                                             for m in (1, 8, 16, 32, 64) for v in (False, True)}
     assert all(skinny(c, v) not in (0, 1) for c in skinny_cfgs for v in (0, 1))
-    tc_nts = {gc.pick_tc_config(m, n, k).nt for n, k in shapes for m in (9, 17, 33, 65, 128)}
-    assert all(tc(nt, v) not in (0, 1) for nt in tc_nts for v in (0, 1))
     assert all(ws(nt, 1, v) not in (0, 1) for nt in gc.WS_NTS for v in (0, 1))
     assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
     rule = {gc.ws_rule_config(m, n, k) for n, k in shapes for m in (9, 17, 33, 49, 65, 128)}
     assert all(ws(c.nt, c.split, v) not in (0, 1) for c in rule for v in (0, 1))
     # and the dispatchers do refuse what they do not compile
     assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
-    assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1 and tc(32, 0) == 1
+    assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1
     assert skinny(gc.CudaConfig(1, 4, 1, 1, 101), 0) == 1 and skinny(gc.CudaConfig(1, 4, 1, 1, -1), 0) == 1
     assert all(skinny(gc.CudaConfig(4, w, 1, 1, xreg=True), v) not in (0, 1) for w in (4, 8) for v in (0, 1))
     assert all(skinny(gc.CudaConfig(nt, 4, u, 1, xreg=True), v) == 1
