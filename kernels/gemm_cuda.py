@@ -123,8 +123,11 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at
     M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).  Shapes outside the tables (another model's widths) by the tables' pattern,
     measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
-    2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–64 below
-    4 M weights (SmolLM2's widths, where the ws kernel's grid is a few CTAs); the ws kernel with ws_rule_config
+    2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–32 below
+    4 M weights and at 33–64 below 1 M (SmolLM2's widths, where the ws kernel's grid is a few CTAs: at 17–32 the
+    skinny kernel ran 1.05–1.8× the ws kernel's speed on SmolLM2's four shapes, at 33–64 1.14–1.64× on the three below
+    1 M weights, while 3072×576 ran 1.22–1.43× faster on the ws kernel; 2026-12-04-unseen-shapes-h200-s28.md); the ws
+    kernel with ws_rule_config
     elsewhere — at M = 17–128 it was 1.1–2.2× the skinny / tensor-core kernel that took those calls before (the
     tensor-core kernel, "wgmma", then dispatched nowhere, was removed in session 28)."""
     if (n, k, m_bucket(m)) in WS_TABLE:
@@ -135,7 +138,7 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
         return "skinny"
     if m <= 16:
         return "ws" if n >= 51200 else "skinny"
-    if m <= 64 and n * k < 4 << 20:
+    if m <= 64 and n * k < (4 << 20 if m <= 32 else 1 << 20):
         return "skinny"
     return "ws"
 

@@ -31,7 +31,7 @@ def test_table_hit_and_rule():
 def test_kernel_choice(monkeypatch):
     """The ws kernel where WS_TABLE measured it faster, then the skinny kernel where its TABLE measured the shape at
     that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the skinny kernel up to M = 8, at 9–16
-    below N = 51200 and at 17–64 below 4 M weights, elsewhere the ws kernel with ws_rule_config (nt covers M; split
+    below N = 51200, at 17–32 below 4 M weights and at 33–64 below 1 M, elsewhere the ws kernel with ws_rule_config (nt covers M; split
     fills one wave, ≥ 16 records each, ≤ 8); None above M = 128, where dispatched_config refuses."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
@@ -44,7 +44,8 @@ def test_kernel_choice(monkeypatch):
     # shapes no table holds (Llama-3.1-70B, Qwen2.5-7B, SmolLM2-135M)
     assert kf(8, 57344, 8192) == kf(16, 8192, 8192) == kf(16, 37888, 3584) == "skinny"
     assert kf(9, 57344, 8192) == kf(16, 152064, 3584) == "ws"
-    assert kf(32, 960, 576) == kf(64, 3072, 576) == "skinny" and kf(128, 576, 576) == "ws"
+    assert kf(32, 960, 576) == kf(32, 3072, 576) == kf(64, 576, 1536) == kf(33, 960, 576) == "skinny"
+    assert kf(33, 3072, 576) == kf(64, 3072, 576) == kf(128, 576, 576) == "ws"
     assert kf(17, 3584, 3584) == kf(48, 10240, 8192) == kf(128, 8192, 28672) == "ws"
     rule = gc.ws_rule_config
     assert rule(48, 10240, 8192) == gc.WsConfig(6, 3) and rule(128, 8192, 28672) == gc.WsConfig(16, 2)
