@@ -1,6 +1,7 @@
 """W12 GEMM at M = 16…128 on shapes outside the measured tables: the ws kernel with gemm_cuda.ws_rule_config against
 the skinny kernel with gemm_cuda.pick_config (M ≤ 64) and cuBLAS BF16 — the data behind kernel_for's choice between
-the two kernels for other models' widths.  One GPU call.
+the two kernels for other models' widths — and against decode + cuBLAS (kernels/decode.py then F.linear, what the op
+runs above ops.LARGE_M rows), which small matrices might prefer at 33–128 rows.  One GPU call.
 
     W12_CUDA=1 python bench/unseen_shapes.py [--ms 16,32,48,64,128] [--out DIR]
 
@@ -10,7 +11,7 @@ dispatches (the rule's ws config, or the skinny kernel where the rule keeps it).
 shapes: wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows
 better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the skinny one, each
 checked first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same
-bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
+bits), and W12 decode + cuBLAS (checked: the bits of F.linear on the original BF16 weight), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
 OUT/unseen_shapes.md, rewritten after every row.
 """
 
@@ -21,10 +22,12 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kernels import SHAPES, Mat, bench, decode_gpu, geo, rel  # noqa: E402  (bench/kernels.py)
 
+from w12.kernels import decode as dec  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 UNSEEN = {
@@ -59,7 +62,16 @@ def case(mt, m, cfgs, seed):
             raise AssertionError(f"{mt.n}×{mt.k} M={m} {name}: rel. errors {e1:.2e} / {e2:.2e}, "
                                  f"deterministic {d1}/{d2}")
         out[name] = (cw, bench(lambda: mt.run(x, cuda=cw)), bench(lambda: mt.run(x, view=True, cuda=cv)), max(e1, e2))
-    return out, bench(lambda: torch.matmul(x, mt.w.t()))
+    return out, bench(lambda: torch.matmul(x, mt.w.t())), decoded_linear(mt, x)
+
+
+def decoded_linear(mt, x) -> float:
+    """µs of W12 decode + cuBLAS (the op's path above ops.LARGE_M), after checking it gives F.linear's bits."""
+    def run():
+        return F.linear(x, dec.decode(mt.records, mt.exps, mt.escapes, mt.offs, mt.n, mt.k))
+    if not torch.equal(run().view(torch.int16), F.linear(x, mt.w).view(torch.int16)):
+        raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]}: decode + cuBLAS is not F.linear's bits")
+    return bench(run)
 
 
 def prepared(n, k, seed):
@@ -89,16 +101,16 @@ def main():
              "|---|---|---|---|---|---|---|---|---|---|"]
     part2 = ["## 2. Shapes outside the tables", "",
              "| model | N×K | M | cuBLAS µs | skinny | W12 µs | view µs | ws (rule) | W12 µs | view µs | now | W12 ratio: "
-             "skinny | ws | view ratio: skinny | ws |", "|---" * 15 + "|"]
+             "skinny | ws | view ratio: skinny | ws | decode + cuBLAS µs | ratio |", "|---" * 17 + "|"]
     ratios: dict = {}
 
     def write():
         summ = ["## Summary: geomean of cuBLAS µs / kernel µs over the unseen shapes", "",
-                "| M | W12 skinny | W12 ws | W12 now | view skinny | view ws | view now |",
-                "|---|---|---|---|---|---|---|"]
+                "| M | W12 skinny | W12 ws | W12 now | view skinny | view ws | view now | W12 decode + cuBLAS |",
+                "|---|---|---|---|---|---|---|---|"]
         for m in ms:
             r = ratios.get(m, {})
-            cells = (f"{geo(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn"))
+            cells = (f"{geo(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn", "wd"))
             summ.append(f"| {m} | " + " | ".join(cells) + " |")
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
@@ -115,7 +127,7 @@ def main():
             continue
         mt = prepared(n, k, 100 + si)
         for m, (tab, rule) in diff.items():
-            r, cub = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
+            r, cub, _ = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
             emit(part1, f"| {n}×{k} | {m} | {cub:.1f} | {short(tab)} | {r['table'][1]:.1f} | {short(rule)} | "
                         f"{r['rule'][1]:.1f} | {r['rule'][1] / r['table'][1]:.3f} | {r['table'][2]:.1f} | "
                         f"{r['rule'][2]:.1f} |")
@@ -129,19 +141,19 @@ def main():
                 cfgs = {"rule": (rule, rule)}
                 if m <= 64:  # the skinny kernel's range
                     cfgs["skinny"] = (gc.pick_config(m, n, k), gc.pick_config(m, n, k, True))
-                r, cub = case(mt, m, cfgs, m)
+                r, cub, td = case(mt, m, cfgs, m)
                 (_, rw, rv, _) = r["rule"]
                 sk, fw, fv, _ = r.get("skinny", (None, float("nan"), float("nan"), 0.0))
                 now = gc.kernel_for(m, n, k)
                 assert now in ("ws", "skinny") and (now == "ws" or m <= 64)
                 assert (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
                 nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: pick_config's choice, timed above
-                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv)):
+                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv), ("wd", td)):
                     if t == t:  # not NaN (no skinny kernel above M = 64)
                         ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
                 emit(part2, f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(sk) if sk else '—'} | {fw:.1f} | "
                             f"{fv:.1f} | {short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | "
-                            f"{cub / rw:.3f} | {cub / fv:.3f} | {cub / rv:.3f} |")
+                            f"{cub / rw:.3f} | {cub / fv:.3f} | {cub / rv:.3f} | {td:.1f} | {cub / td:.3f} |")
             del mt
             torch.cuda.empty_cache()
     write()
