@@ -277,7 +277,9 @@ class Mat:
                         config=cfg, use_ptx=use_ptx)
 
     def op(self, x, view=False):
-        """What the custom op runs for x (a CUDA kernel where gemm_cuda.kernel_for names one, else Triton)."""
+        """What the custom op runs for x (a CUDA kernel where gemm_cuda.kernel_for names one, else Triton; the op's
+        decode + cuBLAS paths — above ops.LARGE_M rows, and gemm_cuda.prefers_decode's small matrices — never take
+        the bench's shapes at M ≤ 128)."""
         if gc.usable(x, self.records, self.exps, self.n):
             return gc.launch(x, self.records, self.exps, self.n, self.escapes, self.offs, self.cols, view=view)
         return self.run(x, view=view)

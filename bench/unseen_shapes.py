@@ -7,7 +7,8 @@ runs above ops.LARGE_M rows), which small matrices might prefer at 33–128 rows
 
 WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.py only; a model with other widths
 (Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule, which this bench measured: "now" is what kernel_for
-dispatches (the rule's ws config, or the skinny kernel where the rule keeps it).  Part 1, the rule on the table's own
+dispatches (the rule's ws config, or the skinny kernel where the rule keeps it), or decode + cuBLAS where
+gemm_cuda.prefers_decode says the op decodes (the W12 op only; the view keeps its kernel).  Part 1, the rule on the table's own
 shapes: wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows
 better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the skinny one, each
 checked first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same
@@ -29,6 +30,7 @@ from kernels import SHAPES, Mat, bench, decode_gpu, geo, rel  # noqa: E402  (ben
 
 from w12.kernels import decode as dec  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
+from w12.kernels import ops  # noqa: E402,F401  (registers torch.ops.w12)
 
 UNSEEN = {
     "Llama-3.1-70B": [(10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672)],
@@ -66,11 +68,17 @@ def case(mt, m, cfgs, seed):
 
 
 def decoded_linear(mt, x) -> float:
-    """µs of W12 decode + cuBLAS (the op's path above ops.LARGE_M), after checking it gives F.linear's bits."""
+    """µs of W12 decode + cuBLAS (the op's path above ops.LARGE_M), after checking it gives F.linear's bits — and, where
+    gemm_cuda.prefers_decode sends the op there, that torch.ops.w12.gemm does too."""
     def run():
         return F.linear(x, dec.decode(mt.records, mt.exps, mt.escapes, mt.offs, mt.n, mt.k))
-    if not torch.equal(run().view(torch.int16), F.linear(x, mt.w).view(torch.int16)):
+    ref = F.linear(x, mt.w).view(torch.int16)
+    if not torch.equal(run().view(torch.int16), ref):
         raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]}: decode + cuBLAS is not F.linear's bits")
+    if gc.prefers_decode(x.shape[0], mt.n, mt.k):
+        y = torch.ops.w12.gemm(x, mt.records, mt.exps, mt.escapes, mt.offs, mt.cols, mt.n)
+        if not torch.equal(y.view(torch.int16), ref):
+            raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]}: the op does not give F.linear's bits")
     return bench(run)
 
 
@@ -148,6 +156,8 @@ def main():
                 assert now in ("ws", "skinny") and (now == "ws" or m <= 64)
                 assert (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
                 nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: pick_config's choice, timed above
+                if gc.prefers_decode(m, n, k):  # the W12 op decodes (ops._gemm); the view keeps the kernel
+                    now, nw = f"decode ({now} view)", td
                 for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv), ("wd", td)):
                     if t == t:  # not NaN (no skinny kernel above M = 64)
                         ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)

@@ -143,6 +143,16 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     return "ws"
 
 
+def prefers_decode(m: int, n: int, k: int) -> bool:
+    """True where the op should decode W and run cuBLAS (as it does above ops.LARGE_M rows) although a kernel takes
+    the call: small matrices (below 4 M weights) at more than 32 rows, where the skinny kernel's 64-row tile and the
+    ws kernel's few CTAs cost more than decoding W once.  Measured on SmolLM2-135M's four shapes (0.3–1.8 M weights;
+    bench/unseen_shapes.py, 2026-12-04-unseen-shapes-h200-s28-call2.md): decode + cuBLAS 0.64–0.68× cuBLAS BF16 at
+    every M, the kernels 0.39–0.68× at M = 40–64 and 0.33–0.49× at 96–128; Qwen2.5-7B's 3584² (12.8 M) stays on the
+    ws kernel (0.54–0.62× against 0.54–0.57×).  The table shapes (≥ 16 M weights) never decode here."""
+    return m > 32 and n * k < 4 << 20
+
+
 def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
     """The ws config for a shape outside WS_TABLE, by the table's pattern: the smallest nt that holds M; split K
     while the grid fits one wave (2 CTAs per SM up to nt = 8, 1 at nt = 16; 132 SMs) and each split keeps ≥ 16

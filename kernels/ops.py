@@ -9,7 +9,8 @@ CUDA kernel of kernels/w12_gemv.cu where gemm_cuda.kernel_for names one, other C
 Triton kernels, each with a config picked from a table by shape (no autotuning, no host sync).  CUDA calls with
 M > LARGE_M (prefill) decode W once into a transient bf16 [N, K] (kernels/decode.py; 2·N·K bytes for the call's
 duration) and run `F.linear` on it: cuBLAS on the exact weight, so each output is, bit for bit, what the BF16 layer
-gives (bench/large_m.py checks it).  Other devices run the
+gives (bench/large_m.py checks it).  So do the exact op's calls on small matrices (below 4 M weights) at 33–128 rows
+on a Hopper GPU, where that beats the kernels (gemm_cuda.prefers_decode).  Other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
 
@@ -46,9 +47,12 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 
 def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
-        if x.shape[0] > LARGE_M:
-            return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, x.shape[1]))
+        m, k = x.shape
+        if m > LARGE_M:
+            return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, k))
         if _gc.usable(x, records, exponents, n):
+            if _gc.prefers_decode(m, n, k):  # small matrices at 33–128 rows (measured on the H200)
+                return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, k))
             return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
         return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
