@@ -64,21 +64,26 @@ def case(mt, m, cfgs, seed):
             raise AssertionError(f"{mt.n}×{mt.k} M={m} {name}: rel. errors {e1:.2e} / {e2:.2e}, "
                                  f"deterministic {d1}/{d2}")
         out[name] = (cw, bench(lambda: mt.run(x, cuda=cw)), bench(lambda: mt.run(x, view=True, cuda=cv)), max(e1, e2))
-    return out, bench(lambda: torch.matmul(x, mt.w.t())), decoded_linear(mt, x)
+    return (out, bench(lambda: torch.matmul(x, mt.w.t())), decoded_linear(mt, x, False),
+            decoded_linear(mt, x, True))
 
 
-def decoded_linear(mt, x) -> float:
-    """µs of W12 decode + cuBLAS (the op's path above ops.LARGE_M), after checking it gives F.linear's bits — and, where
-    gemm_cuda.prefers_decode sends the op there, that torch.ops.w12.gemm does too."""
+def decoded_linear(mt, x, view: bool) -> float:
+    """µs of decode + cuBLAS (the ops' path above ops.LARGE_M; W12, or the 8-bit view), after checking it gives the bits
+    of F.linear on the weight it decodes — and, where gemm_cuda.prefers_decode sends the op there, that
+    torch.ops.w12.gemm (or view_gemm) does too."""
     def run():
+        if view:
+            return F.linear(x, dec.decode(mt.records, mt.exps, None, None, mt.n, mt.k, view=True))
         return F.linear(x, dec.decode(mt.records, mt.exps, mt.escapes, mt.offs, mt.n, mt.k))
-    ref = F.linear(x, mt.w).view(torch.int16)
+    ref = F.linear(x, mt.wq.to(torch.bfloat16) if view else mt.w).view(torch.int16)
     if not torch.equal(run().view(torch.int16), ref):
-        raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]}: decode + cuBLAS is not F.linear's bits")
-    if gc.prefers_decode(x.shape[0], mt.n, mt.k):
-        y = torch.ops.w12.gemm(x, mt.records, mt.exps, mt.escapes, mt.offs, mt.cols, mt.n)
+        raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]} view={view}: decode + cuBLAS is not F.linear's bits")
+    if gc.prefers_decode(x.shape[0], mt.n, mt.k, view):
+        y = (torch.ops.w12.view_gemm(x, mt.records, mt.exps, mt.n) if view else
+             torch.ops.w12.gemm(x, mt.records, mt.exps, mt.escapes, mt.offs, mt.cols, mt.n))
         if not torch.equal(y.view(torch.int16), ref):
-            raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]}: the op does not give F.linear's bits")
+            raise AssertionError(f"{mt.n}×{mt.k} M={x.shape[0]} view={view}: the op does not give F.linear's bits")
     return bench(run)
 
 
@@ -109,16 +114,17 @@ def main():
              "|---|---|---|---|---|---|---|---|---|---|"]
     part2 = ["## 2. Shapes outside the tables", "",
              "| model | N×K | M | cuBLAS µs | skinny | W12 µs | view µs | ws (rule) | W12 µs | view µs | now | W12 ratio: "
-             "skinny | ws | view ratio: skinny | ws | decode + cuBLAS µs | ratio |", "|---" * 17 + "|"]
+             "skinny | ws | view ratio: skinny | ws | decode + cuBLAS µs | ratio | view decode + cuBLAS µs | ratio |",
+             "|---" * 19 + "|"]
     ratios: dict = {}
 
     def write():
         summ = ["## Summary: geomean of cuBLAS µs / kernel µs over the unseen shapes", "",
-                "| M | W12 skinny | W12 ws | W12 now | view skinny | view ws | view now | W12 decode + cuBLAS |",
-                "|---|---|---|---|---|---|---|---|"]
+                "| M | W12 skinny | W12 ws | W12 now | view skinny | view ws | view now | W12 decode + cuBLAS | "
+                "view decode + cuBLAS |", "|---|---|---|---|---|---|---|---|---|"]
         for m in ms:
             r = ratios.get(m, {})
-            cells = (f"{geo(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn", "wd"))
+            cells = (f"{geo(r.get(c, [])):.3f}" for c in ("wf", "wr", "wn", "vf", "vr", "vn", "wd", "vd"))
             summ.append(f"| {m} | " + " | ".join(cells) + " |")
         (out / "unseen_shapes.md").write_text("\n".join(head + part1 + [""] + part2 + [""] + summ) + "\n")
 
@@ -135,7 +141,7 @@ def main():
             continue
         mt = prepared(n, k, 100 + si)
         for m, (tab, rule) in diff.items():
-            r, cub, _ = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
+            r, cub, _, _ = case(mt, m, {"table": (tab, tab), "rule": (rule, rule)}, m)
             emit(part1, f"| {n}×{k} | {m} | {cub:.1f} | {short(tab)} | {r['table'][1]:.1f} | {short(rule)} | "
                         f"{r['rule'][1]:.1f} | {r['rule'][1] / r['table'][1]:.3f} | {r['table'][2]:.1f} | "
                         f"{r['rule'][2]:.1f} |")
@@ -149,21 +155,25 @@ def main():
                 cfgs = {"rule": (rule, rule)}
                 if m <= 64:  # the skinny kernel's range
                     cfgs["skinny"] = (gc.pick_config(m, n, k), gc.pick_config(m, n, k, True))
-                r, cub, td = case(mt, m, cfgs, m)
+                r, cub, td, tdv = case(mt, m, cfgs, m)
                 (_, rw, rv, _) = r["rule"]
                 sk, fw, fv, _ = r.get("skinny", (None, float("nan"), float("nan"), 0.0))
                 now = gc.kernel_for(m, n, k)
                 assert now in ("ws", "skinny") and (now == "ws" or m <= 64)
                 assert (now == "ws") == isinstance(gc.dispatched_config(m, n, k), gc.WsConfig)
                 nw, nv = (rw, rv) if now == "ws" else (fw, fv)  # the skinny kernel: pick_config's choice, timed above
-                if gc.prefers_decode(m, n, k):  # the W12 op decodes (ops._gemm); the view keeps the kernel
-                    now, nw = f"decode ({now} view)", td
-                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv), ("wd", td)):
+                if gc.prefers_decode(m, n, k):  # the op decodes (ops._gemm, ops.w12_view_gemm)
+                    nw = td
+                if gc.prefers_decode(m, n, k, True):
+                    nv = tdv
+                now = "/".join("decode" if gc.prefers_decode(m, n, k, v) else now for v in (False, True))
+                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv), ("wd", td), ("vd", tdv)):
                     if t == t:  # not NaN (no skinny kernel above M = 64)
                         ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
                 emit(part2, f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(sk) if sk else '—'} | {fw:.1f} | "
                             f"{fv:.1f} | {short(rule)} | {rw:.1f} | {rv:.1f} | {now} | {cub / fw:.3f} | "
-                            f"{cub / rw:.3f} | {cub / fv:.3f} | {cub / rv:.3f} | {td:.1f} | {cub / td:.3f} |")
+                            f"{cub / rw:.3f} | {cub / fv:.3f} | {cub / rv:.3f} | {td:.1f} | {cub / td:.3f} | "
+                            f"{tdv:.1f} | {cub / tdv:.3f} |")
             del mt
             torch.cuda.empty_cache()
     write()
