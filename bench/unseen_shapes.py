@@ -8,7 +8,7 @@ runs above ops.LARGE_M rows), which small matrices might prefer at 33–128 rows
 WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.py only; a model with other widths
 (Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule, which this bench measured: "now" is what kernel_for
 dispatches (the rule's ws config, or the skinny kernel where the rule keeps it), or decode + cuBLAS where
-gemm_cuda.prefers_decode says the op decodes (the W12 op only; the view keeps its kernel).  Part 1, the rule on the table's own
+gemm_cuda.prefers_decode says the op decodes (W12 / view: "now" names both).  Part 1, the rule on the table's own
 shapes: wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows
 better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the skinny one, each
 checked first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same

@@ -145,13 +145,15 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
 
 def prefers_decode(m: int, n: int, k: int, view: bool = False) -> bool:
     """True where the op should decode W and run cuBLAS (as it does above ops.LARGE_M rows) although a kernel takes
-    the call: small matrices (below 4 M weights) at more than 32 rows, where the skinny kernel's 64-row tile and the
-    ws kernel's few CTAs cost more than decoding W once.  Measured on SmolLM2-135M's four shapes (0.3–1.8 M weights;
-    bench/unseen_shapes.py, 2026-12-04-unseen-shapes-h200-s28-call3.md): decode + cuBLAS 0.62–0.69× cuBLAS BF16 at
-    every M, the kernels 0.53–0.69× at M = 40–64 and 0.34–0.51× at 96–128 (at 33–40 about even); Qwen2.5-7B's 3584²
-    (12.8 M) stays on the ws kernel (0.63–0.76× at 40–64 against decode's 0.54–0.62×, even at 96–128).  The table
-    shapes (≥ 16 M weights) never decode here."""
-    return not view and m > 32 and n * k < 4 << 20
+    the call: small matrices (below 4 M weights) at more than 32 rows (the 8-bit view, whose kernels are faster: more
+    than 48), where the skinny kernel's 64-row tile and the ws kernel's few CTAs cost more than decoding W once.
+    Measured on SmolLM2-135M's four shapes (0.3–1.8 M weights; bench/unseen_shapes.py,
+    2026-12-04-unseen-shapes-h200-s28-call3.md and -call4.md): W12 decode + cuBLAS 0.62–0.69× cuBLAS BF16 at every M,
+    the kernels 0.53–0.69× at M = 40–64 and 0.34–0.51× at 96–128 (at 33–40 about even); the view's decode + cuBLAS
+    0.70–0.77×, its kernels 0.69–0.78× at 40–48, 0.63–0.69× at 64 and 0.39–0.56× at 96–128.  Qwen2.5-7B's 3584²
+    (12.8 M) stays on the ws kernel (W12 0.63–0.76× at 40–64 against decode's 0.54–0.62×, even at 96–128).  The
+    table shapes (≥ 16 M weights) never decode here."""
+    return m > (48 if view else 32) and n * k < 4 << 20
 
 
 def ws_rule_config(m: int, n: int, k: int) -> WsConfig:

@@ -9,8 +9,8 @@ CUDA kernel of kernels/w12_gemv.cu where gemm_cuda.kernel_for names one, other C
 Triton kernels, each with a config picked from a table by shape (no autotuning, no host sync).  CUDA calls with
 M > LARGE_M (prefill) decode W once into a transient bf16 [N, K] (kernels/decode.py; 2·N·K bytes for the call's
 duration) and run `F.linear` on it: cuBLAS on the exact weight, so each output is, bit for bit, what the BF16 layer
-gives (bench/large_m.py checks it).  So do the exact op's calls on small matrices (below 4 M weights) at 33–128 rows
-on a Hopper GPU, where that beats the kernels (gemm_cuda.prefers_decode).  Other devices run the
+gives (bench/large_m.py checks it).  So do calls on small matrices (below 4 M weights) at 33–128 rows (the view:
+49–128) on a Hopper GPU, where that beats the kernels (gemm_cuda.prefers_decode).  Other devices run the
 reference decoder + an fp32 matmul (kernels/reference.py). `esc_offsets`, `esc_cols` come from
 `gemm.prepare_escapes(counts, escapes)`, computed once when the matrix is loaded.
 
@@ -141,9 +141,12 @@ def _(x, packed, n, nnz):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
-        if x.shape[0] > LARGE_M:
-            return F.linear(x, _dec.decode(records, exponents, None, None, n, x.shape[1], view=True))
+        m, k = x.shape
+        if m > LARGE_M:
+            return F.linear(x, _dec.decode(records, exponents, None, None, n, k, view=True))
         if _gc.usable(x, records, exponents, n):
+            if _gc.prefers_decode(m, n, k, view=True):  # small matrices at 49–128 rows (measured on the H200)
+                return F.linear(x, _dec.decode(records, exponents, None, None, n, k, view=True))
             return _gc.launch(x, records, exponents, n, view=True)
         return _g.launch(x, records, exponents, n, view=True)
     nb, kb = records.shape[:2]

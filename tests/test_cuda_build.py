@@ -54,10 +54,11 @@ def test_kernel_choice(monkeypatch):
     assert gc.dispatched_config(40, 10240, 8192) == gc.WsConfig(6, 3)
     assert all(rule(m, n, k).split <= min(8, k // 64) and m <= 8 * rule(m, n, k).nt for m in (9, 17, 33, 64, 65, 128)
                for n in (128, 1000, 4096, 57344) for k in (64, 576, 4096, 65536))
-    # small matrices at 33–128 rows: decode + cuBLAS (SmolLM2's widths), never the table shapes
+    # small matrices at 33–128 rows (the view: 49–128): decode + cuBLAS (SmolLM2's widths), never the table shapes
     pd = gc.prefers_decode
     assert pd(33, 960, 576) and pd(128, 3072, 576) and pd(64, 576, 1536)
     assert not pd(32, 576, 576) and not pd(128, 3584, 3584) and not any(pd(128, n, k) for n, k, _, _ in gc.TABLE)
+    assert pd(49, 960, 576, view=True) and not pd(48, 960, 576, view=True)  # the view's kernels hold out longer
     with pytest.raises(ValueError, match="M = 129"):
         gc.dispatched_config(129, 4096, 4096)
 
