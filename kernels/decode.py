@@ -1,6 +1,7 @@
 """W12 -> BF16 on the GPU in one Triton kernel: the exact weight (or the 8-bit view) as a dense bf16 [N, K].
 
-What it is for: calls with many rows of X (prefill, M > LARGE_M), where the GEMM is bound by the tensor cores
+What it is for: calls with many rows of X (prefill, M > LARGE_M; and small matrices from 33 rows, see
+gemm_cuda.prefers_decode), where the GEMM is bound by the tensor cores
 rather than by reading weights. There the fused kernels lose (their decode sits in every record's chain), and
 decoding once then calling cuBLAS is faster: `F.linear(x, decode(W))` is the very call a BF16 layer makes on the
 same bits, so its output is bit-identical to that layer's (`ops._gemm`).
