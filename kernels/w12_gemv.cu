@@ -46,7 +46,6 @@
 namespace {
 
 constexpr int REC = 12288;   // bytes per 128 × 64 record
-constexpr int XS_MAX = 8192;  // bf16 of X the skinny kernel stages for warp0_finish (M·K ≤ 8192: 16 KB)
 constexpr int VIEW_BYTES = 8192;
 
 // (An L2 prefetch size on these loads was measured: .L2::128B changes nothing, .L2::256B slows the evict_normal LM
@@ -371,20 +370,18 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
 // + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
 // same order, so the same bits, without its barriers.  Lane j stages entry j (w − w_code and its X words, all
 // entries' loads in flight at once) in s_esc[3][32]; one ballot per row gives lane r its row's entries.
-// xs: X's rows m0, m0 + 1, columns c0 .. c0 + W − 1 (the CTA's records), staged in shared memory (row stride W) at the
-// CTA's start, or null: then from global memory, a load that waits behind the weight stream at the end of the tile.
 template <int WARPS, int MT>
 __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT], const uint8_t* s_e, const uint2* s_ent,
                                               float (&s_esc)[3][32], int ne, const __nv_bfloat16* x, int ldx, int m0,
-                                              int mcount, int lane, const __nv_bfloat16* xs, int c0, int W) {
+                                              int mcount, int lane) {
   const int r = lane & 15, m = lane >> 4;
   int er = -1;
   if (lane < ne) {  // entry `lane`: (row in tile, column, w − w_code) -> s_esc[0] = w − w_code, [1 + m] = x[m0 + m, col]
     const uint2 en = s_ent[lane];
     const int col = (int)(en.x & 0xFFFFFFu);
     er = (int)(en.x >> 24);
-    const float x0 = __bfloat162float(xs ? xs[col - c0] : x[(size_t)m0 * ldx + col]);
-    const float x1 = mcount > 1 ? __bfloat162float(xs ? xs[W + col - c0] : x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
+    const float x0 = __bfloat162float(x[(size_t)m0 * ldx + col]);
+    const float x1 = mcount > 1 ? __bfloat162float(x[(size_t)(m0 + 1) * ldx + col]) : 0.f;
     s_esc[0][lane] =
         __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_e[er] - 15) << 23);
     s_esc[1][lane] = x0;
@@ -440,7 +437,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
-  __shared__ __align__(16) __nv_bfloat16 s_x[NT == 1 && !VIEW ? XS_MAX : 8];  // X rows for warp0_finish (xs_ok)
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -492,14 +488,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  // X's rows m0.. of the CTA's records into shared memory (cp.async, no registers held) where M ≤ 2 and they fit, for
-  // warp0_finish's escapes: no global load is left for the tile's end (here, before the records' loads, so that its
-  // registers are dead before theirs are live)
-  auto xs_ok = [&] { return NT == 1 && !VIEW && M - m0 <= 2 && (M - m0) * (b - a) * 64 <= XS_MAX; };  // recomputed
-  if (xs_ok())
-    for (int r = 0; r < M - m0; ++r)
-      for (int q = tid; q < (b - a) * 8; q += THREADS)
-        cp_async16(s_x + r * (b - a) * 64 + 8 * q, x + (size_t)(m0 + r) * ldx + a * 64 + 8 * q);
   const uint64_t pol = weight_policy(l2_pct);
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
@@ -533,8 +521,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane,
-                                                xs_ok() ? s_x : nullptr, a * 64, (b - a) * 64);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
         if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
