@@ -418,7 +418,9 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
 // loads to the end of the iteration and adds 8–20 registers — not timed, session 22; warp 0 issuing its escapes' X
 // loads after its last record, before the CTA barrier, and using them after it: same bits, M = 1 1.332 → 1.334, within
-// the spread; 60217aa, 2026-12-03-ab-early-x-barrier-m1-FAILED-h200-s26.md)
+// the spread; 60217aa, 2026-12-03-ab-early-x-barrier-m1-FAILED-h200-s26.md; X's rows of the CTA's records staged in
+// shared memory by cp.async at the start, for those escapes: same bits, M = 1 1.330 → 1.287 — every placement of the
+// copy loop cost one of the nt = 1 builds registers or a spill; 2fde574, 2026-12-04-ab-skinny-xs-stage-FAILED-h200-s28.md)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
