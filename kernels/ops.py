@@ -48,11 +48,10 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
         m, k = x.shape
-        if m > LARGE_M:
+        cuda = m <= LARGE_M and _gc.usable(x, records, exponents, n)
+        if m > LARGE_M or (cuda and _gc.prefers_decode(m, n, k)):  # prefill; small matrices from 33 rows (H200)
             return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, k))
-        if _gc.usable(x, records, exponents, n):
-            if _gc.prefers_decode(m, n, k):  # small matrices at 33–128 rows (measured on the H200)
-                return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, k))
+        if cuda:
             return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
         return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
@@ -142,11 +141,10 @@ def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tenso
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
         m, k = x.shape
-        if m > LARGE_M:
+        cuda = m <= LARGE_M and _gc.usable(x, records, exponents, n)
+        if m > LARGE_M or (cuda and _gc.prefers_decode(m, n, k, view=True)):  # small matrices from 49 rows (H200)
             return F.linear(x, _dec.decode(records, exponents, None, None, n, k, view=True))
-        if _gc.usable(x, records, exponents, n):
-            if _gc.prefers_decode(m, n, k, view=True):  # small matrices at 49–128 rows (measured on the H200)
-                return F.linear(x, _dec.decode(records, exponents, None, None, n, k, view=True))
+        if cuda:
             return _gc.launch(x, records, exponents, n, view=True)
         return _g.launch(x, records, exponents, n, view=True)
     nb, kb = records.shape[:2]
