@@ -121,15 +121,17 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (41 of the 50
     (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured
     that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at
-    M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).  Shapes outside the tables (another model's widths) by the tables' pattern,
-    measured on 14 shapes of Llama-3.1-70B, Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py,
-    2026-12-04-unseen-shapes-h200-s27.md): the skinny kernel up to M = 8, and at 9–16 below N = 51200; at 17–32 below
-    4 M weights and at 33–64 below 1 M (SmolLM2's widths, where the ws kernel's grid is a few CTAs: at 17–32 the
-    skinny kernel ran 1.05–1.8× the ws kernel's speed on SmolLM2's four shapes, at 33–64 1.14–1.64× on the three below
-    1 M weights, while 3072×576 ran 1.22–1.43× faster on the ws kernel; 2026-12-04-unseen-shapes-h200-s28.md); the ws
-    kernel with ws_rule_config
-    elsewhere — at M = 17–128 it was 1.1–2.2× the skinny / tensor-core kernel that took those calls before (the
-    tensor-core kernel, "wgmma", then dispatched nowhere, was removed in session 28)."""
+    M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).
+
+    Shapes outside the tables (another model's widths) by the tables' pattern, measured on 14 shapes of Llama-3.1-70B,
+    Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py): the skinny kernel up to M = 8, at 9–16 below
+    N = 51200, at 17–32 below 4 M weights and at 33–64 below 1 M; the ws kernel with ws_rule_config elsewhere.
+    - At M = 17–128 the ws kernel was 1.1–2.2× the skinny / tensor-core kernel that took those calls before
+      (2026-12-04-unseen-shapes-h200-s27.md; the tensor-core kernel, "wgmma", was removed in session 28).
+    - SmolLM2's widths, where the ws kernel's grid is a few CTAs: at 17–32 the skinny kernel ran 1.05–1.8× the ws
+      kernel's speed on its four shapes, at 33–64 1.14–1.64× on the three below 1 M weights, while 3072×576 ran
+      1.22–1.43× faster on the ws kernel (2026-12-04-unseen-shapes-h200-s28.md).  (The ops decode + cuBLAS most of
+      these calls instead: prefers_decode.)"""
     if (n, k, m_bucket(m)) in WS_TABLE:
         return "ws"
     if m > 128:
