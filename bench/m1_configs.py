@@ -1,6 +1,8 @@
 """The skinny kernel's M = 1 config per shape, chosen as bench/kernels.py's headline timing times it. One GPU call.
 
     W12_CUDA=1 python bench/m1_configs.py [--out OUT]
+    W12_CUDA=1 python bench/m1_configs.py --unseen [--out OUT]   # the 14 shapes of bench/unseen_shapes.py instead
+
 
 gemm_cuda.TABLE's M ≤ 8 configs were swept after a read-only (clean) L2 flush; the issue's figures are taken after
 do_bench's zeroing flush, which leaves the L2 full of dirty lines, and there the L2 priority of the weight loads
@@ -10,7 +12,9 @@ cuda sweep (warps, unroll, split) with CudaConfig.l2 = 0, 50 and 100 (W12), chec
 of them (CUDA graph replay, do_bench, median), rounds 2–4 time the best four and the current config interleaved (the
 median kept). The view keeps its config; its l2 = 0 and 100 are timed the same way. Also the chosen and the current
 config after a clean flush. Prints and writes OUT/m1_configs.md and OUT/m1_table.py (the entries to adopt: the
-best where it beats the current config by ≥ 1.5 %, else the current one).
+best where it beats the current config by ≥ 1.5 %, else the current one).  With --unseen the shapes are other models'
+widths (bench/unseen_shapes.UNSEEN; l2 0 and 100 only), where "current" is gemm_cuda.pick_config's rule: how far the
+rule is from the best config there (OUT/m1_configs-unseen.md; no table is written — the rule, not per-shape entries, is what to change).
 """
 
 import argparse
@@ -39,7 +43,7 @@ def timed(fns: dict, rounds: int) -> dict:
     return {name: statistics.median(v) for name, v in out.items()}
 
 
-def sweep_shape(si, n, k):
+def sweep_shape(si, n, k, l2s=L2S):
     mt = Mat(n, k, 300 + si)
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
     ref = x.float() @ mt.w.float().t()
@@ -48,7 +52,7 @@ def sweep_shape(si, n, k):
     cands = {}
     for c in cuda_candidates(1):
         y0 = None
-        for l2 in L2S:
+        for l2 in l2s:
             cfg = gc.CudaConfig(c.nt, c.warps, c.unroll, c.split, l2)
             y = mt.run(x, cuda=cfg)
             assert rel(y, ref) < 1e-2, f"{cfg} {n}x{k}: rel err {rel(y, ref):.2e}"
@@ -82,10 +86,16 @@ def name(c):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--unseen", action="store_true", help="sweep bench/unseen_shapes.py's 14 shapes (the rule's M = 1 "
+                    "configs) instead of bench/kernels.py's ten")
     a = ap.parse_args()
+    shapes = SHAPES
+    if a.unseen:
+        from unseen_shapes import UNSEEN  # bench/unseen_shapes.py
+        shapes = [s for group in UNSEEN.values() for s in group]
     rows = []
-    for si, (n, k) in enumerate(SHAPES):
-        r = sweep_shape(si, n, k)
+    for si, (n, k) in enumerate(shapes):
+        r = sweep_shape(si, n, k, (0, 100) if a.unseen else L2S)
         rows.append(r)
         print(f"{n}x{k}: cuBLAS {r['cb']:.1f}; current {name(r['cur'])} {r['t_cur']:.1f}; best {name(r['best'])} "
               f"{r['t_best']:.1f}; view l2 0/100 {list(r['vt'].values())}", flush=True)
@@ -95,9 +105,10 @@ def main():
     g_vcur = geo([r["cb"] / r["vt"][r["vcur"]] for r in rows])
     g_vpick = geo([r["cb"] / r["vt"][r["vpick"]] for r in rows])
     lines = [
-        f"# M = 1 skinny configs under do_bench's flush — {datetime.date.today()}", "",
+        f"# M = 1 skinny configs under do_bench's flush{' on shapes outside the tables' if a.unseen else ''} — "
+        f"{datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
-        "- command: `W12_CUDA=1 python bench/m1_configs.py --out $OUT`",
+        f"- command: `W12_CUDA=1 python bench/m1_configs.py{' --unseen' if a.unseen else ''} --out $OUT`",
         "- every candidate within 1e-2 of the reference, bit-equal across l2; µs: CUDA graph replay, do_bench (zeroing "
         "flush), median of 3 interleaved rounds; clean: after a read-only flush",
         f"- W12 geomean vs cuBLAS: current {g_cur:.3f}, adopted {g_pick:.3f}; view: current {g_vcur:.3f}, adopted "
@@ -116,10 +127,11 @@ def main():
     table = "".join(
         f"    ({r['n']}, {r['k']}, 8, {v}): CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}),\n"
         for r in rows for v, c in ((False, r["pick"]), (True, r["vpick"])))
-    with open(os.path.join(a.out, "m1_configs.md"), "w") as fh:
+    with open(os.path.join(a.out, "m1_configs-unseen.md" if a.unseen else "m1_configs.md"), "w") as fh:
         fh.write(text)
-    with open(os.path.join(a.out, "m1_table.py"), "w") as fh:
-        fh.write("TABLE = {\n" + table + "}\n")
+    if not a.unseen:
+        with open(os.path.join(a.out, "m1_table.py"), "w") as fh:
+            fh.write("TABLE = {\n" + table + "}\n")
     print(text)
     print(table)
 
