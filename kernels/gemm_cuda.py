@@ -306,11 +306,35 @@ def _load_override():
 _load_override()
 
 
+def w12_decode_rule(n: int, k: int) -> CudaConfig:
+    """The skinny kernel's W12 config at M ≤ 8 for a shape outside TABLE, by the size of its grid of 16-channel CTAs
+    (c = N / 16) and the builds' CTAs per SM (8 warps: 2 with unroll 2, 3 with unroll 1; 4 warps: 7 with unroll 1):
+      c ≤ 264 (one wave of 8 warps × unroll 2):  8 warps, 2 records per stage; split K (≤ 4) while the grid stays
+                                                 within one wave and every split keeps ≥ 16 records
+      c ≤ 396 (one wave of 8 warps × unroll 1):  8 warps (K < 16384), else 4 warps and split 2
+      larger:                                    4 warps; 2 records per stage from K = 16384 (a warp's record chain
+                                                 halves); L2 evict_normal from N = 50000 (CudaConfig.l2)
+    It reproduces TABLE's W12 choice on 9 of its 12 shapes (5120×8192: 8/1/1 against 4/1/2, which measured the same;
+    151936×5120: unroll 1 against 2, 2.5 % slower; 1024×4096: unroll 2 against 1).  On 14 other models' shapes it
+    picks configs within 2 % of the best of 34 (bench/m1_configs.py --unseen, 2026-12-04-m1-configs-unseen-h200-s28.md),
+    where the rule before it (8 warps below 1500 CTAs, split K below two CTAs per SM; the view keeps it) lost up to
+    27 %: Llama-3.1-70B's 8192² and 8192×28672 1.09 / 1.03× cuBLAS → 1.31 / 1.27×, Qwen2.5-7B's 3584² and 3584×18944
+    0.95 / 1.02× → 1.29 / 1.32×."""
+    c, kb = (n + 127) // 128 * 8, k // 64
+    if c <= 264:
+        return CudaConfig(1, 8, 2, max(1, min(4, 264 // c, kb // 16)))
+    if c <= 396:
+        return CudaConfig(1, 8, 1, 1) if k < 16384 else CudaConfig(1, 4, 1, 2)
+    return CudaConfig(1, 4, 2 if k >= 16384 else 1, 1, 100 if n >= 50000 else 0)
+
+
 def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     nt = _nt_for(m)
     hit = TABLE.get((n, k, 8 * nt, view))
     if hit is not None:
         return hit
+    if nt == 1 and not view:
+        return w12_decode_rule(n, k)
     # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs;
     # split K until there are ≥ 2 CTAs per SM (132 SMs), each warp keeping ≥ 2 records
     ctas = (n + 127) // 128 * 8 * ((m + 8 * nt - 1) // (8 * nt))

@@ -20,11 +20,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_table_hit_and_rule():
     assert gc.pick_config(1, 4096, 4096) == gc.TABLE[(4096, 4096, 8, False)]
-    # not in the table: 8 warps for a small grid, K split until >= 2 CTAs per SM
-    c = gc.pick_config(1, 512, 8192)
-    assert (c.nt, c.warps, c.unroll) == (1, 8, 1) and c.split == 4
+    # W12 at M ≤ 8, not in the table (w12_decode_rule): by the grid of 16-channel CTAs
+    assert gc.pick_config(1, 512, 8192) == gc.CudaConfig(1, 8, 2, 4)  # 32 CTAs: split while one wave, ≥ 16 records
+    assert gc.pick_config(1, 960, 576) == gc.CudaConfig(1, 8, 2, 1)  # 9 records: no split
+    assert gc.pick_config(1, 3584, 3584) == gc.CudaConfig(1, 8, 2, 1)  # 224 CTAs: one wave at unroll 2
+    assert gc.pick_config(8, 4608, 3584) == gc.CudaConfig(1, 8, 1, 1)  # 288: one wave at unroll 1
+    assert gc.pick_config(1, 8192, 8192) == gc.CudaConfig(1, 4, 1, 1)
+    assert gc.pick_config(1, 8192, 28672) == gc.CudaConfig(1, 4, 2, 1)  # long K: two records per stage
     big = gc.pick_config(3, 999 * 128, 4096)
-    assert big.warps == 4 and big.split == 1 and big.nt == 1
+    assert big == gc.CudaConfig(1, 4, 1, 1, 100)  # N ≥ 50000: L2 evict_normal
+    # the view (its own TABLE entries, and the rule before: 8 warps for a small grid, K split to ≥ 2 CTAs per SM)
+    assert gc.pick_config(1, 512, 8192, view=True) == gc.CudaConfig(1, 8, 1, 4)
+    assert gc.pick_config(3, 999 * 128, 4096, view=True) == gc.CudaConfig(1, 4, 1, 1)
     assert gc.pick_config(40, 999 * 128, 4096).nt == 8
 
 
