@@ -14,7 +14,8 @@ median kept). The view keeps its config; its l2 = 0 and 100 are timed the same w
 config after a clean flush. Prints and writes OUT/m1_configs.md and OUT/m1_table.py (the entries to adopt: the
 best where it beats the current config by ≥ 1.5 %, else the current one).  With --unseen the shapes are other models'
 widths (bench/unseen_shapes.UNSEEN; l2 0 and 100 only), where "current" is gemm_cuda.pick_config's rule: how far the
-rule is from the best config there (OUT/m1_configs-unseen.md; no table is written — the rule, not per-shape entries, is what to change).
+rule is from the best config there (OUT/m1_configs-unseen.md; no table is written — the rule, not per-shape entries,
+is what to change).
 """
 
 import argparse

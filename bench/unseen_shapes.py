@@ -1,19 +1,19 @@
-"""W12 GEMM at M = 16…128 on shapes outside the measured tables: the ws kernel with gemm_cuda.ws_rule_config against
-the skinny kernel with gemm_cuda.pick_config (M ≤ 64) and cuBLAS BF16 — the data behind kernel_for's choice between
-the two kernels for other models' widths — and against decode + cuBLAS (kernels/decode.py then F.linear, what the op
-runs above ops.LARGE_M rows), which small matrices might prefer at 33–128 rows.  One GPU call.
+"""W12 GEMM at M = 16…128 on shapes outside the measured tables: the ws kernel with gemm_cuda.ws_rule_config against the
+skinny kernel with gemm_cuda.pick_config (M ≤ 64) and cuBLAS BF16 — the data behind kernel_for's choice between the two
+kernels for other models' widths — and against decode + cuBLAS (kernels/decode.py then F.linear, what the op runs above
+ops.LARGE_M rows), which small matrices might prefer at 33–128 rows. One GPU call.
 
     W12_CUDA=1 python bench/unseen_shapes.py [--ms 16,32,48,64,128] [--out DIR]
 
 WS_TABLE and the skinny TABLE hold configs for the ten shapes of bench/kernels.py only; a model with other widths
 (Llama-3.1-70B, Qwen2.5-7B, SmolLM2) gets kernel_for's rule, which this bench measured: "now" is what kernel_for
 dispatches (the rule's ws config, or the skinny kernel where the rule keeps it), or decode + cuBLAS where
-gemm_cuda.prefers_decode says the op decodes (W12 / view: "now" names both).  Part 1, the rule on the table's own
-shapes: wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows
-better).  Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the skinny one, each
-checked first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same
-bits), and W12 decode + cuBLAS (checked: the bits of F.linear on the original BF16 weight), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS.  Writes
-OUT/unseen_shapes.md, rewritten after every row.
+gemm_cuda.prefers_decode says the op decodes (W12 / view: "now" names both). Part 1, the rule on the table's own shapes:
+wherever ws_rule_config differs from the WS_TABLE entry, both timed (what the rule loses where the table knows better).
+Part 2, unseen shapes: per (shape, M), W12 and the 8-bit view, the rule's ws config and the skinny one, each checked
+first (relative ∞-norm error against the fp32 product of the decoded weights < 1e-2; two runs, the same bits), and
+decode + cuBLAS for both (checked: the bits of F.linear on the weight it decodes), then timed as bench/kernels.py times
+(CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS. Writes OUT/unseen_shapes.md, rewritten after every row.
 """
 
 import argparse
@@ -113,8 +113,9 @@ def main():
              "| N×K | M | cuBLAS µs | table | µs | rule | µs | rule / table time | view: table µs | rule µs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     part2 = ["## 2. Shapes outside the tables", "",
-             "| model | N×K | M | cuBLAS µs | skinny | W12 µs | view µs | ws (rule) | W12 µs | view µs | now | W12 ratio: "
-             "skinny | ws | view ratio: skinny | ws | decode + cuBLAS µs | ratio | view decode + cuBLAS µs | ratio |",
+             "| model | N×K | M | cuBLAS µs | skinny | W12 µs | view µs | ws (rule) | W12 µs | view µs | now | "
+             "W12 ratio: skinny | ws | view ratio: skinny | ws | decode + cuBLAS µs | ratio | "
+             "view decode + cuBLAS µs | ratio |",
              "|---" * 19 + "|"]
     ratios: dict = {}
 
@@ -167,7 +168,8 @@ def main():
                 if gc.prefers_decode(m, n, k, True):
                     nv = tdv
                 now = "/".join("decode" if gc.prefers_decode(m, n, k, v) else now for v in (False, True))
-                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv), ("wd", td), ("vd", tdv)):
+                for key, t in (("wf", fw), ("wr", rw), ("wn", nw), ("vf", fv), ("vr", rv), ("vn", nv), ("wd", td),
+                               ("vd", tdv)):
                     if t == t:  # not NaN (no skinny kernel above M = 64)
                         ratios.setdefault(m, {}).setdefault(key, []).append(cub / t)
                 emit(part2, f"| {model} | {n}×{k} | {m} | {cub:.1f} | {short(sk) if sk else '—'} | {fw:.1f} | "

@@ -37,9 +37,10 @@ def test_table_hit_and_rule():
 
 def test_kernel_choice(monkeypatch):
     """The ws kernel where WS_TABLE measured it faster, then the skinny kernel where its TABLE measured the shape at
-    that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the skinny kernel up to M = 8, at 9–16
-    below N = 51200, at 17–32 below 4 M weights and at 33–64 below 1 M, elsewhere the ws kernel with ws_rule_config (nt covers M; split
-    fills one wave, ≥ 16 records each, ≤ 8); None above M = 128, where dispatched_config refuses."""
+    that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the skinny kernel up to M = 8, at
+    9–16 below N = 51200, at 17–32 below 4 M weights and at 33–64 below 1 M, elsewhere the ws kernel with
+    ws_rule_config (nt covers M; split fills one wave, ≥ 16 records each, ≤ 8); None above M = 128, where
+    dispatched_config refuses."""
     kf = gc.kernel_for
     assert kf(1, 151936, 5120) == kf(8, 151936, 5120) == "skinny" and kf(9, 151936, 5120) == "ws"
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
@@ -165,7 +166,8 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
-@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace", "w12_gemm_ws"]),
+@pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace",
+                                                       "w12_gemm_ws"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
