@@ -52,8 +52,9 @@ def checked(mt, x, refs, cfg, view):
     return rel(y1, refs[view]), torch.equal(y1.view(torch.int16), y2.view(torch.int16))
 
 
-def case(mt, m, cfgs, seed):
-    """{name: (cfg, W12 µs, view µs, worst rel. error, deterministic)} and cuBLAS µs for X [m, k]."""
+def case(mt, m, cfgs, seed, decoded=False):
+    """{name: (cfg, W12 µs, view µs, worst rel. error, deterministic)} and cuBLAS µs for X [m, k]; decoded: also the
+    µs of decode + cuBLAS (W12, view), else None for both."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(m, mt.k, device="cuda", generator=g).to(torch.bfloat16)
     refs = {False: x.float() @ mt.w.float().t(), True: x.float() @ mt.wq.t()}
@@ -64,8 +65,8 @@ def case(mt, m, cfgs, seed):
             raise AssertionError(f"{mt.n}×{mt.k} M={m} {name}: rel. errors {e1:.2e} / {e2:.2e}, "
                                  f"deterministic {d1}/{d2}")
         out[name] = (cw, bench(lambda: mt.run(x, cuda=cw)), bench(lambda: mt.run(x, view=True, cuda=cv)), max(e1, e2))
-    return (out, bench(lambda: torch.matmul(x, mt.w.t())), decoded_linear(mt, x, False),
-            decoded_linear(mt, x, True))
+    t_dec = (decoded_linear(mt, x, False), decoded_linear(mt, x, True)) if decoded else (None, None)
+    return out, bench(lambda: torch.matmul(x, mt.w.t())), *t_dec
 
 
 def decoded_linear(mt, x, view: bool) -> float:
@@ -156,7 +157,7 @@ def main():
                 cfgs = {"rule": (rule, rule)}
                 if m <= 64:  # the skinny kernel's range
                     cfgs["skinny"] = (gc.pick_config(m, n, k), gc.pick_config(m, n, k, True))
-                r, cub, td, tdv = case(mt, m, cfgs, m)
+                r, cub, td, tdv = case(mt, m, cfgs, m, decoded=True)
                 (_, rw, rv, _) = r["rule"]
                 sk, fw, fv, _ = r.get("skinny", (None, float("nan"), float("nan"), 0.0))
                 now = gc.kernel_for(m, n, k)

@@ -306,7 +306,7 @@ def _load_override():
 _load_override()
 
 
-def w12_decode_rule(n: int, k: int) -> CudaConfig:
+def m8_rule_config(n: int, k: int) -> CudaConfig:
     """The skinny kernel's W12 config at M ≤ 8 for a shape outside TABLE, by the size of its grid of 16-channel CTAs
     (c = N / 16) and the builds' CTAs per SM (8 warps: 2 with unroll 2, 3 with unroll 1; 4 warps: 7 with unroll 1):
       c ≤ 264 (one wave of 8 warps × unroll 2):  8 warps, 2 records per stage; split K (≤ 4) while the grid stays
@@ -334,7 +334,7 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     if hit is not None:
         return hit
     if nt == 1 and not view:
-        return w12_decode_rule(n, k)
+        return m8_rule_config(n, k)
     # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs;
     # split K until there are ≥ 2 CTAs per SM (132 SMs), each warp keeping ≥ 2 records
     ctas = (n + 127) // 128 * 8 * ((m + 8 * nt - 1) // (8 * nt))

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_table_hit_and_rule():
     assert gc.pick_config(1, 4096, 4096) == gc.TABLE[(4096, 4096, 8, False)]
-    # W12 at M ≤ 8, not in the table (w12_decode_rule): by the grid of 16-channel CTAs
+    # W12 at M ≤ 8, not in the table (m8_rule_config): by the grid of 16-channel CTAs
     assert gc.pick_config(1, 512, 8192) == gc.CudaConfig(1, 8, 2, 4)  # 32 CTAs: split while one wave, ≥ 16 records
     assert gc.pick_config(1, 960, 576) == gc.CudaConfig(1, 8, 2, 1)  # 9 records: no split
     assert gc.pick_config(1, 3584, 3584) == gc.CudaConfig(1, 8, 2, 1)  # 224 CTAs: one wave at unroll 2
