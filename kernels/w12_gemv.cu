@@ -829,7 +829,7 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 // tiles by every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32
 // (2026-12-03-ab-ws-l2-h200-s26.md; evict_normal measured the same as no hint, X tiles evict_last no better:
 // -ab-ws-x-evict-last-FAILED-s26.md).
-template <int NT, bool VIEW, int STAGES>
+template <int NT, bool VIEW, int STAGES, bool XW>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
                                            int lane, bool wfirst) {
@@ -844,14 +844,72 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, XB + WBYTES);
-      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+      mbar_expect(full + s, (XW ? 0 : XB) + WBYTES);
+      if (!XW) bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
       if (wfirst)
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
+  }
+}
+
+// The X warp (XW): record a + i's X tile — rows m0 .. m0 + MT − 1 of X (x points at row m0; rows ≥ `rows` zero),
+// columns 64(a + i) .. +63 — into slot i % STAGES in the ring's order, straight from X (no reorder kernel), in two
+// steps that hold no registers across the wait:
+//   copy:    lane (r, u) = (lane / 4, lane % 4) cp.async's row 8p + r, columns 16u .. 16u + 15 (chunks 2u, 2u + 1,
+//            16 bytes each) for each pass p into the slot in natural order, chunk c of row m at c ^ (m & 7);
+//   permute: XD records later (cp.async.wait_group XD), the same lane reads its two chunks back and, after a
+//            __syncwarp (the row's four lanes have read), stores column pair P = 8u + j (j = 0..7) to word u of chunk
+//            j ^ (m & 7) — x_off's place: wg_word(8u + j) = 4j + u; 32 lanes on 32 banks.  Then fence.proxy.async
+//            (wgmma reads the slot through the async proxy) and one arrival on the slot's `full`.
+// A slot is copied into once the consumers have released it, so its X is ready STAGES − XD − 1 records ahead of them.
+template <int NT, int STAGES>
+__device__ __forceinline__ void ws_stage_x(uint8_t* ring, uint64_t* full, uint64_t* empty, const __nv_bfloat16* x,
+                                           int ldx, int rows, int a, int nrec, int lane) {
+  constexpr int XD = STAGES >= 4 ? 2 : 1;  // records of X in flight (cp.async groups)
+  static_assert(XD + 1 < STAGES, "the X warp's copies run ahead of its permutes inside the ring");
+  constexpr int SLOT = ws_slot<NT>();
+  const int r = lane >> 2, u = lane & 3;
+  const uint32_t c0 = ((2 * u) ^ r) << 4, c1 = ((2 * u + 1) ^ r) << 4, row = 128 * r;
+  const __nv_bfloat16* xr = x + 64 * a + 16 * u;
+  for (int i = 0; i < nrec + XD; ++i) {
+    if (i < nrec) {
+      const int s = i % STAGES;
+      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+      const uint32_t base = saddr(ring + s * SLOT) + row;
+#pragma unroll 1
+      for (int p = 0; p < NT; ++p)
+        if (8 * p + r < rows) {
+          const __nv_bfloat16* src = xr + (size_t)(8 * p + r) * ldx + 64 * i;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p + c0), "l"(src) : "memory");
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p + c1), "l"(src + 8) : "memory");
+        }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    if (i < XD) continue;
+    asm volatile("cp.async.wait_group %0;" ::"n"(XD) : "memory");  // record i − XD's copies have landed
+    const int s = (i - XD) % STAGES;
+    const uint32_t base = saddr(ring + s * SLOT) + row;
+#pragma unroll 1
+    for (int p = 0; p < NT; ++p) {
+      uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
+      if (8 * p + r < rows) {
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v0.x), "=r"(v0.y), "=r"(v0.z), "=r"(v0.w)
+                     : "r"(base + 1024 * p + c0) : "memory");
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v1.x), "=r"(v1.y), "=r"(v1.z), "=r"(v1.w)
+                     : "r"(base + 1024 * p + c1) : "memory");
+      }
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 1024 * p + ((j ^ r) << 4) + 4 * u), "r"(word(j < 4 ? v0 : v1, j & 3))
+                     : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncwarp();
+    if (lane == 0) mbar_arrive(full + s);
   }
 }
 
@@ -960,8 +1018,8 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
   }
 }
 
-template <int NT, bool VIEW>
-__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+template <int NT, bool VIEW, bool XW>
+__global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
@@ -984,7 +1042,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 1);
+      mbar_init(full + s, XW ? 2 : 1);
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
@@ -998,7 +1056,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
+    ws_produce<NT, VIEW, STAGES, XW>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
+  } else if (warp == 9) {  // ---- X warp (XW only)
+    if constexpr (XW)
+      ws_stage_x<NT, STAGES>(ring, full, empty, x + (size_t)m0 * ldx, ldx, min(MT, M - m0), a, nrec, lane);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1064,7 +1125,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
-  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, WS_THREADS + (XW ? 32 : 0), true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
@@ -1073,7 +1134,8 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st, int wfirst) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
-  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
+  constexpr bool XW = true;
+  auto kern = w12_gemm_ws_kernel<NT, VIEW, XW>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = ws_smem<NT>(kps);
   static size_t set = 0;
@@ -1084,10 +1146,11 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
   const long words = (long)mpad * KB * 32;
-  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
-                                                                        M, mpad, KB * 64);
+  if (!XW)
+    w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                          M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, WS_THREADS, smem, st>>>(
+  kern<<<grid, WS_THREADS + (XW ? 32 : 0), smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, wfirst);
   return cudaGetLastError();
