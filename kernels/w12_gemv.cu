@@ -819,7 +819,7 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 template <int NT>
 size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
   return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
-         2 * ws_stages<NT>() * 8;
+         3 * ws_stages<NT>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -830,9 +830,10 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 // (2026-12-03-ab-ws-l2-h200-s26.md; evict_normal measured the same as no hint, X tiles evict_last no better:
 // -ab-ws-x-evict-last-FAILED-s26.md).
 template <int NT, bool VIEW, int STAGES, bool XW>
-__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
-                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane, bool wfirst) {
+__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, uint64_t* xnat,
+                                           const uint8_t* rec, const uint8_t* xq, const __nv_bfloat16* x, int ldx,
+                                           int rows, int nb, int KB, int a, int nrec, int Mpad, int m0, int lane,
+                                           bool wfirst) {
   uint64_t first;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
@@ -846,60 +847,45 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, (XW ? 0 : XB) + WBYTES);
       if (!XW) bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+      if (XW) mbar_expect(xnat + s, 128 * rows);
       if (wfirst)
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
+    if (XW) {  // X's rows in natural order, one bulk copy per row (lane l: rows l, l + 32, ...), counted on xnat
+      __syncwarp();
+      for (int m = lane; m < rows; m += 32)
+        bulk_g2s(ring + s * SLOT + 128 * m, x + (size_t)m * ldx + 64 * (a + i), 128, xnat + s);
+    }
     __syncwarp();
   }
 }
 
-// The X warp (XW): record a + i's X tile — rows m0 .. m0 + MT − 1 of X (x points at row m0; rows ≥ `rows` zero),
-// columns 64(a + i) .. +63 — into slot i % STAGES in the ring's order, straight from X (no reorder kernel), in two
-// steps that hold no registers across the wait:
-//   copy:    lane (r, u) = (lane / 4, lane % 4) cp.async's row 8p + r, columns 16u .. 16u + 15 (chunks 2u, 2u + 1,
-//            16 bytes each) for each pass p into the slot in natural order, chunk c of row m at c ^ (m & 7);
-//   permute: XD records later (cp.async.wait_group XD), the same lane reads its two chunks back and, after a
-//            __syncwarp (the row's four lanes have read), stores column pair P = 8u + j (j = 0..7) to word u of chunk
-//            j ^ (m & 7) — x_off's place: wg_word(8u + j) = 4j + u; 32 lanes on 32 banks.  Then fence.proxy.async
-//            (wgmma reads the slot through the async proxy) and one arrival on the slot's `full`.
-// A slot is copied into once the consumers have released it, so its X is ready STAGES − XD − 1 records ahead of them.
+// The X warp (XW): record a + i's X tile in slot i % STAGES into the ring's order, without the reorder kernel.  The
+// producer bulk-copies the tile's rows (rows m0 .. m0 + rows − 1 of X, columns 64(a + i) .. +63: 128 bytes each) into
+// the slot in natural order, counted on xnat; the X warp waits for them, and lane (r, u) = (lane / 4, lane % 4) reads
+// row 8p + r's bytes 32u .. 32u + 31 (column pairs P = 8u + j, j = 0..7) of each pass p and, after a __syncwarp (the
+// row's four lanes have read), stores pair j to word u of chunk j ^ (m & 7) — x_off's place: wg_word(8u + j) = 4j + u;
+// 32 lanes on 32 banks; rows ≥ `rows` get zeros.  Then fence.proxy.async (wgmma reads the slot through the async
+// proxy) and one arrival on the slot's `full`.
 template <int NT, int STAGES>
-__device__ __forceinline__ void ws_stage_x(uint8_t* ring, uint64_t* full, uint64_t* empty, const __nv_bfloat16* x,
-                                           int ldx, int rows, int a, int nrec, int lane) {
-  constexpr int XD = STAGES >= 4 ? 2 : 1;  // records of X in flight (cp.async groups)
-  static_assert(XD + 1 < STAGES, "the X warp's copies run ahead of its permutes inside the ring");
+__device__ __forceinline__ void ws_stage_x(uint8_t* ring, uint64_t* full, uint64_t* xnat, int rows, int nrec,
+                                           int lane) {
   constexpr int SLOT = ws_slot<NT>();
   const int r = lane >> 2, u = lane & 3;
-  const uint32_t c0 = ((2 * u) ^ r) << 4, c1 = ((2 * u + 1) ^ r) << 4, row = 128 * r;
-  const __nv_bfloat16* xr = x + 64 * a + 16 * u;
-  for (int i = 0; i < nrec + XD; ++i) {
-    if (i < nrec) {
-      const int s = i % STAGES;
-      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-      const uint32_t base = saddr(ring + s * SLOT) + row;
-#pragma unroll 1
-      for (int p = 0; p < NT; ++p)
-        if (8 * p + r < rows) {
-          const __nv_bfloat16* src = xr + (size_t)(8 * p + r) * ldx + 64 * i;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p + c0), "l"(src) : "memory");
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p + c1), "l"(src + 8) : "memory");
-        }
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    if (i < XD) continue;
-    asm volatile("cp.async.wait_group %0;" ::"n"(XD) : "memory");  // record i − XD's copies have landed
-    const int s = (i - XD) % STAGES;
-    const uint32_t base = saddr(ring + s * SLOT) + row;
+  for (int i = 0; i < nrec; ++i) {
+    const int s = i % STAGES;
+    mbar_wait(xnat + s, (i / STAGES) & 1);  // the rows have landed
+    const uint32_t base = saddr(ring + s * SLOT) + 128 * r;
 #pragma unroll 1
     for (int p = 0; p < NT; ++p) {
       uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
       if (8 * p + r < rows) {
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v0.x), "=r"(v0.y), "=r"(v0.z), "=r"(v0.w)
-                     : "r"(base + 1024 * p + c0) : "memory");
+                     : "r"(base + 1024 * p + 32 * u) : "memory");
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v1.x), "=r"(v1.y), "=r"(v1.z), "=r"(v1.w)
-                     : "r"(base + 1024 * p + c1) : "memory");
+                     : "r"(base + 1024 * p + 32 * u + 16) : "memory");
       }
       __syncwarp();
 #pragma unroll
@@ -1031,7 +1017,8 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
   uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
+  uint64_t* xnat = empty + STAGES;                                                           // [STAGES]
+  int* s_toff = reinterpret_cast<int*>(xnat + STAGES);                                       // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
@@ -1044,6 +1031,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, XW ? 2 : 1);
       mbar_init(empty + s, 8);
+      mbar_init(xnat + s, 1);
     }
     mbar_init_fence();
   }
@@ -1056,10 +1044,10 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES, XW>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
+    ws_produce<NT, VIEW, STAGES, XW>(ring, full, empty, xnat, rec, xq, x + (size_t)m0 * ldx, ldx, min(MT, M - m0), nb,
+                                     KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else if (warp == 9) {  // ---- X warp (XW only)
-    if constexpr (XW)
-      ws_stage_x<NT, STAGES>(ring, full, empty, x + (size_t)m0 * ldx, ldx, min(MT, M - m0), a, nrec, lane);
+    if constexpr (XW) ws_stage_x<NT, STAGES>(ring, full, xnat, min(MT, M - m0), nrec, lane);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
