@@ -847,24 +847,31 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, (XW ? 0 : XB) + WBYTES);
       if (!XW) bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      if (XW) mbar_expect(xnat + s, 128 * rows);
       if (wfirst)
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
-    if (XW) {  // X's rows in natural order, one bulk copy per row (lane l: rows l, l + 32, ...), counted on xnat
-      __syncwarp();
-      for (int m = lane; m < rows; m += 32)
-        bulk_g2s(ring + s * SLOT + 128 * m, x + (size_t)m * ldx + 64 * (a + i), 128, xnat + s);
+    if (XW) {  // X's rows in natural order: lane (r, u) copies bytes 32u .. 32u + 31 of rows 8p + r; counted on xnat
+      const int r = lane >> 2, u = lane & 3;
+      const uint32_t base = saddr(ring + s * SLOT) + 128 * r + 32 * u;
+      const __nv_bfloat16* src = x + 64 * (a + i) + 16 * u;
+#pragma unroll 1
+      for (int p = 0; p < NT; ++p)
+        if (8 * p + r < rows) {
+          const __nv_bfloat16* sp = src + (size_t)(8 * p + r) * ldx;
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p), "l"(sp) : "memory");
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p + 16), "l"(sp + 8) : "memory");
+        }
+      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(xnat + s)) : "memory");
     }
     __syncwarp();
   }
 }
 
 // The X warp (XW): record a + i's X tile in slot i % STAGES into the ring's order, without the reorder kernel.  The
-// producer bulk-copies the tile's rows (rows m0 .. m0 + rows − 1 of X, columns 64(a + i) .. +63: 128 bytes each) into
-// the slot in natural order, counted on xnat; the X warp waits for them, and lane (r, u) = (lane / 4, lane % 4) reads
+// producer's lanes cp.async the tile's rows (rows m0 .. m0 + rows − 1 of X, columns 64(a + i) .. +63: 128 bytes each)
+// into the slot in natural order, each lane's completion an arrival on xnat; the X warp waits for them, and lane (r, u) = (lane / 4, lane % 4) reads
 // row 8p + r's bytes 32u .. 32u + 31 (column pairs P = 8u + j, j = 0..7) of each pass p and, after a __syncwarp (the
 // row's four lanes have read), stores pair j to word u of chunk j ^ (m & 7) — x_off's place: wg_word(8u + j) = 4j + u;
 // 32 lanes on 32 banks; rows ≥ `rows` get zeros.  Then fence.proxy.async (wgmma reads the slot through the async
@@ -1031,7 +1038,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, XW ? 2 : 1);
       mbar_init(empty + s, 8);
-      mbar_init(xnat + s, 1);
+      mbar_init(xnat + s, 32);  // the producer's lanes, when their cp.async copies of the slot's X have landed
     }
     mbar_init_fence();
   }
