@@ -819,7 +819,7 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 template <int NT>
 size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
   return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
-         3 * ws_stages<NT>() * 8;
+         2 * ws_stages<NT>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -830,10 +830,9 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 // (2026-12-03-ab-ws-l2-h200-s26.md; evict_normal measured the same as no hint, X tiles evict_last no better:
 // -ab-ws-x-evict-last-FAILED-s26.md).
 template <int NT, bool VIEW, int STAGES, bool XW>
-__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, uint64_t* xnat,
-                                           const uint8_t* rec, const uint8_t* xq, const __nv_bfloat16* x, int ldx,
-                                           int rows, int nb, int KB, int a, int nrec, int Mpad, int m0, int lane,
-                                           bool wfirst) {
+__device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
+                                           const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
+                                           int lane, bool wfirst) {
   uint64_t first;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
@@ -852,57 +851,50 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
       else
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
-    if (XW) {  // X's rows in natural order: lane (r, u) copies bytes 32u .. 32u + 31 of rows 8p + r; counted on xnat
-      const int r = lane >> 2, u = lane & 3;
-      const uint32_t base = saddr(ring + s * SLOT) + 128 * r + 32 * u;
-      const __nv_bfloat16* src = x + 64 * (a + i) + 16 * u;
-#pragma unroll 1
-      for (int p = 0; p < NT; ++p)
-        if (8 * p + r < rows) {
-          const __nv_bfloat16* sp = src + (size_t)(8 * p + r) * ldx;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p), "l"(sp) : "memory");
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(base + 1024 * p + 16), "l"(sp + 8) : "memory");
-        }
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(xnat + s)) : "memory");
-    }
     __syncwarp();
   }
 }
 
-// The X warp (XW): record a + i's X tile in slot i % STAGES into the ring's order, without the reorder kernel.  The
-// producer's lanes cp.async the tile's rows (rows m0 .. m0 + rows − 1 of X, columns 64(a + i) .. +63: 128 bytes each)
-// into the slot in natural order, each lane's completion an arrival on xnat; the X warp waits for them, and lane (r, u) = (lane / 4, lane % 4) reads
-// row 8p + r's bytes 32u .. 32u + 31 (column pairs P = 8u + j, j = 0..7) of each pass p and, after a __syncwarp (the
-// row's four lanes have read), stores pair j to word u of chunk j ^ (m & 7) — x_off's place: wg_word(8u + j) = 4j + u;
-// 32 lanes on 32 banks; rows ≥ `rows` get zeros.  Then fence.proxy.async (wgmma reads the slot through the async
-// proxy) and one arrival on the slot's `full`.
+// The X warps (XW, two of them): record a + i's X tile — rows m0 .. m0 + MT − 1 of X (x points at row m0; rows ≥
+// `rows` zero), columns 64(a + i) .. +63 — into slot i % STAGES in the ring's order, straight from X (no reorder
+// kernel).  X warp w takes the records i ≡ w (mod 2), its next record's loads in registers while it waits for the
+// slot: lane (r, u) = (lane / 4, lane % 4) loads row 8p + r, columns 16u .. 16u + 15 (column pairs P = 8u + j,
+// j = 0..7: two 16-byte loads) of each pass p and stores pair j to word u of chunk j ^ (m & 7) — x_off's place:
+// wg_word(8u + j) = 4j + u; 32 lanes on 32 banks.  Then fence.proxy.async (wgmma reads the slot through the async
+// proxy) and one arrival on the slot's `full` (the producer's weight bytes are the other).
 template <int NT, int STAGES>
-__device__ __forceinline__ void ws_stage_x(uint8_t* ring, uint64_t* full, uint64_t* xnat, int rows, int nrec,
-                                           int lane) {
+__device__ __forceinline__ void ws_stage_x(uint8_t* ring, uint64_t* full, uint64_t* empty, const __nv_bfloat16* x,
+                                           int ldx, int rows, int a, int nrec, int w, int lane) {
   constexpr int SLOT = ws_slot<NT>();
   const int r = lane >> 2, u = lane & 3;
-  for (int i = 0; i < nrec; ++i) {
-    const int s = i % STAGES;
-    mbar_wait(xnat + s, (i / STAGES) & 1);  // the rows have landed
-    const uint32_t base = saddr(ring + s * SLOT) + 128 * r;
-#pragma unroll 1
+  const __nv_bfloat16* xr = x + (size_t)r * ldx + 64 * a + 16 * u;
+  uint4 v[NT][2];
+  auto load = [&](int i) {
+#pragma unroll
     for (int p = 0; p < NT; ++p) {
-      uint4 v0 = make_uint4(0u, 0u, 0u, 0u), v1 = v0;
-      if (8 * p + r < rows) {
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v0.x), "=r"(v0.y), "=r"(v0.z), "=r"(v0.w)
-                     : "r"(base + 1024 * p + 32 * u) : "memory");
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v1.x), "=r"(v1.y), "=r"(v1.z), "=r"(v1.w)
-                     : "r"(base + 1024 * p + 32 * u + 16) : "memory");
+      v[p][0] = v[p][1] = make_uint4(0u, 0u, 0u, 0u);
+      if (8 * p + r < rows && i < nrec) {
+        const uint4* src = reinterpret_cast<const uint4*>(xr + (size_t)(8 * p) * ldx + 64 * i);
+        v[p][0] = __ldg(src);
+        v[p][1] = __ldg(src + 1);
       }
-      __syncwarp();
+    }
+  };
+  load(w);
+  for (int i = w; i < nrec; i += 2) {
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
+    const uint32_t base = saddr(ring + s * SLOT) + 128 * r + 4 * u;
+#pragma unroll
+    for (int p = 0; p < NT; ++p)
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 1024 * p + ((j ^ r) << 4) + 4 * u), "r"(word(j < 4 ? v0 : v1, j & 3))
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 1024 * p + ((j ^ r) << 4)), "r"(word(v[p][j >> 2], j & 3))
                      : "memory");
-    }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncwarp();
     if (lane == 0) mbar_arrive(full + s);
+    load(i + 2);
   }
 }
 
@@ -1012,7 +1004,7 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
 }
 
 template <int NT, bool VIEW, bool XW>
-__global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+__global__ void __launch_bounds__(WS_THREADS + (XW ? 64 : 0), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
@@ -1024,8 +1016,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
   uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  uint64_t* xnat = empty + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(xnat + STAGES);                                       // [8][kps + 1]
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
@@ -1038,7 +1029,6 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, XW ? 2 : 1);
       mbar_init(empty + s, 8);
-      mbar_init(xnat + s, 32);  // the producer's lanes, when their cp.async copies of the slot's X have landed
     }
     mbar_init_fence();
   }
@@ -1051,10 +1041,10 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES, XW>(ring, full, empty, xnat, rec, xq, x + (size_t)m0 * ldx, ldx, min(MT, M - m0), nb,
-                                     KB, a, nrec, Mpad, m0, lane, wfirst != 0);
-  } else if (warp == 9) {  // ---- X warp (XW only)
-    if constexpr (XW) ws_stage_x<NT, STAGES>(ring, full, xnat, min(MT, M - m0), nrec, lane);
+    ws_produce<NT, VIEW, STAGES, XW>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
+  } else if (warp >= 9) {  // ---- X warps (XW only)
+    if constexpr (XW)
+      ws_stage_x<NT, STAGES>(ring, full, empty, x + (size_t)m0 * ldx, ldx, min(MT, M - m0), a, nrec, warp - 9, lane);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1120,7 +1110,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 32 : 0), NT >= 16 ? 1 : 2) 
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
-  finish_tile<128, MT, WS_THREADS + (XW ? 32 : 0), true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, WS_THREADS + (XW ? 64 : 0), true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
@@ -1129,7 +1119,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st, int wfirst) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
-  constexpr bool XW = true;
+  constexpr bool XW = NT <= 4;
   auto kern = w12_gemm_ws_kernel<NT, VIEW, XW>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = ws_smem<NT>(kps);
@@ -1145,7 +1135,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
     w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                           M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, WS_THREADS + (XW ? 32 : 0), smem, st>>>(
+  kern<<<grid, WS_THREADS + (XW ? 64 : 0), smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, wfirst);
   return cudaGetLastError();
