@@ -762,7 +762,12 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // kernel) — 16-byte loads one record ahead in registers, or 4-byte cp.async counted on the full barrier, with or
 // without a record of slack before each slot's empty wait — same bits, M = 32 1.09 → 0.84–0.93, M = 128 0.72 →
 // 0.42–0.45: per-record X staging on the consumers' chain costs far more than the reorder kernel; 2420d06, b662537,
-// bac534f, 2026-12-04-ab-ws-x-consumers-FAILED-h200-s27.md.)
+// bac534f, 2026-12-04-ab-ws-x-consumers-FAILED-h200-s27.md.  Session 29: X staged by extra warps of this kernel — an X
+// warp's cp.async + in-place permute (M = 32 1.07 → 0.93), one cp.async.bulk per X row (0.70: ~50 clocks per small
+// bulk copy), the producer's lanes' cp.async + arrive.noinc then an X warp's permute (1.04), two X warps loading the
+// next record into registers before the slot frees (1.05; 4096² and 6144×4096 unchanged: the first kernel after the
+// flush pays the dirty-L2 write-back whichever it is) — same bits, none faster; 44911c3, ec96579, c807fd1, b62ec09,
+// 2026-12-04-ab-ws-x-warps-FAILED-h200-s29.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -829,7 +834,7 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][E
 // tiles by every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32
 // (2026-12-03-ab-ws-l2-h200-s26.md; evict_normal measured the same as no hint, X tiles evict_last no better:
 // -ab-ws-x-evict-last-FAILED-s26.md).
-template <int NT, bool VIEW, int STAGES, bool XW>
+template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
                                            int lane, bool wfirst) {
@@ -844,57 +849,14 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, (XW ? 0 : XB) + WBYTES);
-      if (!XW) bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
+      mbar_expect(full + s, XB + WBYTES);
+      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
       if (wfirst)
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
-  }
-}
-
-// The X warps (XW, two of them): record a + i's X tile — rows m0 .. m0 + MT − 1 of X (x points at row m0; rows ≥
-// `rows` zero), columns 64(a + i) .. +63 — into slot i % STAGES in the ring's order, straight from X (no reorder
-// kernel).  X warp w takes the records i ≡ w (mod 2), its next record's loads in registers while it waits for the
-// slot: lane (r, u) = (lane / 4, lane % 4) loads row 8p + r, columns 16u .. 16u + 15 (column pairs P = 8u + j,
-// j = 0..7: two 16-byte loads) of each pass p and stores pair j to word u of chunk j ^ (m & 7) — x_off's place:
-// wg_word(8u + j) = 4j + u; 32 lanes on 32 banks.  Then fence.proxy.async (wgmma reads the slot through the async
-// proxy) and one arrival on the slot's `full` (the producer's weight bytes are the other).
-template <int NT, int STAGES>
-__device__ __forceinline__ void ws_stage_x(uint8_t* ring, uint64_t* full, uint64_t* empty, const __nv_bfloat16* x,
-                                           int ldx, int rows, int a, int nrec, int w, int lane) {
-  constexpr int SLOT = ws_slot<NT>();
-  const int r = lane >> 2, u = lane & 3;
-  const __nv_bfloat16* xr = x + (size_t)r * ldx + 64 * a + 16 * u;
-  uint4 v[NT][2];
-  auto load = [&](int i) {
-#pragma unroll
-    for (int p = 0; p < NT; ++p) {
-      v[p][0] = v[p][1] = make_uint4(0u, 0u, 0u, 0u);
-      if (8 * p + r < rows && i < nrec) {
-        const uint4* src = reinterpret_cast<const uint4*>(xr + (size_t)(8 * p) * ldx + 64 * i);
-        v[p][0] = __ldg(src);
-        v[p][1] = __ldg(src + 1);
-      }
-    }
-  };
-  load(w);
-  for (int i = w; i < nrec; i += 2) {
-    const int s = i % STAGES;
-    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-    const uint32_t base = saddr(ring + s * SLOT) + 128 * r + 4 * u;
-#pragma unroll
-    for (int p = 0; p < NT; ++p)
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        asm volatile("st.shared.u32 [%0], %1;" ::"r"(base + 1024 * p + ((j ^ r) << 4)), "r"(word(v[p][j >> 2], j & 3))
-                     : "memory");
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncwarp();
-    if (lane == 0) mbar_arrive(full + s);
-    load(i + 2);
   }
 }
 
@@ -1003,8 +965,8 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
   }
 }
 
-template <int NT, bool VIEW, bool XW>
-__global__ void __launch_bounds__(WS_THREADS + (XW ? 64 : 0), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
@@ -1027,7 +989,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 64 : 0), NT >= 16 ? 1 : 2) 
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, XW ? 2 : 1);
+      mbar_init(full + s, 1);
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
@@ -1041,10 +1003,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 64 : 0), NT >= 16 ? 1 : 2) 
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES, XW>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
-  } else if (warp >= 9) {  // ---- X warps (XW only)
-    if constexpr (XW)
-      ws_stage_x<NT, STAGES>(ring, full, empty, x + (size_t)m0 * ldx, ldx, min(MT, M - m0), a, nrec, warp - 9, lane);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1110,7 +1069,7 @@ __global__ void __launch_bounds__(WS_THREADS + (XW ? 64 : 0), NT >= 16 ? 1 : 2) 
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
-  finish_tile<128, MT, WS_THREADS + (XW ? 64 : 0), true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
@@ -1119,8 +1078,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st, int wfirst) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
-  constexpr bool XW = NT <= 4;
-  auto kern = w12_gemm_ws_kernel<NT, VIEW, XW>;
+  auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = ws_smem<NT>(kps);
   static size_t set = 0;
@@ -1131,11 +1089,10 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
   const long words = (long)mpad * KB * 32;
-  if (!XW)
-    w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
-                                                                          M, mpad, KB * 64);
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, WS_THREADS + (XW ? 64 : 0), smem, st>>>(
+  kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, wfirst);
   return cudaGetLastError();
