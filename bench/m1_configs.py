@@ -2,6 +2,7 @@
 
     W12_CUDA=1 python bench/m1_configs.py [--out OUT]
     W12_CUDA=1 python bench/m1_configs.py --unseen [--out OUT]   # the 14 shapes of bench/unseen_shapes.py instead
+    W12_CUDA=1 python bench/m1_configs.py --unseen --view         # the same sweep for the 8-bit view's configs
 
 
 gemm_cuda.TABLE's M ≤ 8 configs were swept after a read-only (clean) L2 flush; the issue's figures are taken after
@@ -15,7 +16,8 @@ config after a clean flush. Prints and writes OUT/m1_configs.md and OUT/m1_table
 best where it beats the current config by ≥ 1.5 %, else the current one).  With --unseen the shapes are other models'
 widths (bench/unseen_shapes.UNSEEN; l2 0 and 100 only), where "current" is gemm_cuda.pick_config's rule: how far the
 rule is from the best config there (OUT/m1_configs-unseen.md; no table is written — the rule, not per-shape entries,
-is what to change).
+is what to change).  With --view the candidates are swept for the 8-bit view instead (checked against the product
+of the view's decoded weights; the view's l2 part is then the sweep itself).
 """
 
 import argparse
@@ -28,7 +30,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernels import SHAPES, Mat, bench, cuda_candidates, rel  # noqa: E402
+from kernels import SHAPES, Mat, bench, cuda_candidates, decode_gpu, rel  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -44,40 +46,46 @@ def timed(fns: dict, rounds: int) -> dict:
     return {name: statistics.median(v) for name, v in out.items()}
 
 
-def sweep_shape(si, n, k, l2s=L2S):
+def sweep_shape(si, n, k, l2s=L2S, view=False):
+    """W12's candidates (view: the 8-bit view's) at M = 1 on one shape, the view's l2 beside them (not with view)."""
     mt = Mat(n, k, 300 + si)
     x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
-    ref = x.float() @ mt.w.float().t()
+    w = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True) if view else mt.w
+    ref = x.float() @ w.float().t()
     t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
-    cur = gc.dispatched_config(1, n, k)
+    cur = gc.dispatched_config(1, n, k, view)
     cands = {}
     for c in cuda_candidates(1):
         y0 = None
         for l2 in l2s:
             cfg = gc.CudaConfig(c.nt, c.warps, c.unroll, c.split, l2)
-            y = mt.run(x, cuda=cfg)
+            y = mt.run(x, view=view, cuda=cfg)
             assert rel(y, ref) < 1e-2, f"{cfg} {n}x{k}: rel err {rel(y, ref):.2e}"
             y0 = y if y0 is None else y0
             assert torch.equal(y.view(torch.int16), y0.view(torch.int16)), f"{cfg} {n}x{k}: bits differ across l2"
             cands[cfg] = cfg
-    fn = lambda cfg: (lambda: mt.run(x, cuda=cfg))  # noqa: E731
+    fn = lambda cfg: (lambda: mt.run(x, view=view, cuda=cfg))  # noqa: E731
     first = {cfg: bench(fn(cfg), rep=20) for cfg in cands}
     top = sorted(first, key=first.get)[:4]
     finals = timed({cfg: fn(cfg) for cfg in dict.fromkeys(top + [cur])}, 3)
     best = min(finals, key=finals.get)
     pick = best if finals[best] < finals[cur] / 1.015 else cur
+    clean = {c: bench(fn(c), clean=True) for c in dict.fromkeys([cur, pick])}
+    res = dict(n=n, k=k, cb=t_cb, cur=cur, t_cur=finals[cur], best=best, t_best=finals[best], pick=pick,
+               t_pick=finals[pick], clean=clean, top=[(c, finals[c]) for c in sorted(finals, key=finals.get)])
+    if view:
+        del mt
+        torch.cuda.empty_cache()
+        return dict(res, vcur=pick, vt={pick: finals[pick]}, vpick=pick)
     vcur = gc.dispatched_config(1, n, k, view=True)
     vcfgs = [gc.CudaConfig(vcur.nt, vcur.warps, vcur.unroll, vcur.split, l2) for l2 in (0, 100)]
     yv = [mt.run(x, view=True, cuda=c) for c in vcfgs]
     assert torch.equal(yv[0].view(torch.int16), yv[1].view(torch.int16)), f"view {n}x{k}: bits differ across l2"
     vt = timed({c: (lambda c=c: mt.run(x, view=True, cuda=c)) for c in vcfgs}, 3)
     vpick = min(vt, key=vt.get) if min(vt.values()) < vt[vcur] / 1.015 else vcur
-    clean = {c: bench(fn(c), clean=True) for c in dict.fromkeys([cur, pick])}
     del mt
     torch.cuda.empty_cache()
-    return dict(n=n, k=k, cb=t_cb, cur=cur, t_cur=finals[cur], best=best, t_best=finals[best], pick=pick,
-                t_pick=finals[pick], vcur=vcur, vt=vt, vpick=vpick, clean=clean,
-                top=[(c, finals[c]) for c in sorted(finals, key=finals.get)])
+    return dict(res, vcur=vcur, vt=vt, vpick=vpick)
 
 
 def name(c):
@@ -89,14 +97,16 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--unseen", action="store_true", help="sweep bench/unseen_shapes.py's 14 shapes (the rule's M = 1 "
                     "configs) instead of bench/kernels.py's ten")
+    ap.add_argument("--view", action="store_true", help="sweep the 8-bit view's configs instead of W12's (no table)")
     a = ap.parse_args()
+    kind, flags = ("view" if a.view else "W12"), (" --unseen" if a.unseen else "") + (" --view" if a.view else "")
     shapes = SHAPES
     if a.unseen:
         from unseen_shapes import UNSEEN  # bench/unseen_shapes.py
         shapes = [s for group in UNSEEN.values() for s in group]
     rows = []
     for si, (n, k) in enumerate(shapes):
-        r = sweep_shape(si, n, k, (0, 100) if a.unseen else L2S)
+        r = sweep_shape(si, n, k, (0, 100) if a.unseen else L2S, view=a.view)
         rows.append(r)
         print(f"{n}x{k}: cuBLAS {r['cb']:.1f}; current {name(r['cur'])} {r['t_cur']:.1f}; best {name(r['best'])} "
               f"{r['t_best']:.1f}; view l2 0/100 {list(r['vt'].values())}", flush=True)
@@ -106,14 +116,14 @@ def main():
     g_vcur = geo([r["cb"] / r["vt"][r["vcur"]] for r in rows])
     g_vpick = geo([r["cb"] / r["vt"][r["vpick"]] for r in rows])
     lines = [
-        f"# M = 1 skinny configs under do_bench's flush{' on shapes outside the tables' if a.unseen else ''} — "
+        f"# M = 1 skinny {kind} configs under do_bench's flush{' on shapes outside the tables' if a.unseen else ''} — "
         f"{datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
-        f"- command: `W12_CUDA=1 python bench/m1_configs.py{' --unseen' if a.unseen else ''} --out $OUT`",
+        f"- command: `W12_CUDA=1 python bench/m1_configs.py{flags} --out $OUT`",
         "- every candidate within 1e-2 of the reference, bit-equal across l2; µs: CUDA graph replay, do_bench (zeroing "
         "flush), median of 3 interleaved rounds; clean: after a read-only flush",
-        f"- W12 geomean vs cuBLAS: current {g_cur:.3f}, adopted {g_pick:.3f}; view: current {g_vcur:.3f}, adopted "
-        f"{g_vpick:.3f}", "",
+        f"- {kind} geomean vs cuBLAS: current {g_cur:.3f}, adopted {g_pick:.3f}"
+        + ("" if a.view else f"; view: current {g_vcur:.3f}, adopted {g_vpick:.3f}"), "",
         "| N×K | cuBLAS µs | current (warps/unroll/split l2) | µs | adopted | µs | ratio now → adopted | clean µs current / adopted "
         "| view l2 0 / 100 µs | view adopted | runners-up |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -122,15 +132,16 @@ def main():
         lines.append(
             f"| {r['n']}×{r['k']} | {r['cb']:.1f} | {name(r['cur'])} | {r['t_cur']:.1f} | {name(r['pick'])} | "
             f"{r['t_pick']:.1f} | {r['cb'] / r['t_cur']:.3f} → {r['cb'] / r['t_pick']:.3f} | {cl} | "
-            + " / ".join(f"{v:.1f}" for v in r["vt"].values()) + f" | l2 {r['vpick'].l2} | "
+            + ("— | — | " if a.view else " / ".join(f"{v:.1f}" for v in r["vt"].values()) + f" | l2 {r['vpick'].l2} | ")
             + ", ".join(f"{name(c)} {t:.1f}" for c, t in r["top"][:4]) + " |")
     text = "\n".join(lines) + "\n"
     table = "".join(
         f"    ({r['n']}, {r['k']}, 8, {v}): CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}),\n"
         for r in rows for v, c in ((False, r["pick"]), (True, r["vpick"])))
-    with open(os.path.join(a.out, "m1_configs-unseen.md" if a.unseen else "m1_configs.md"), "w") as fh:
+    stem = "m1_configs" + ("-unseen" if a.unseen else "") + ("-view" if a.view else "")
+    with open(os.path.join(a.out, stem + ".md"), "w") as fh:
         fh.write(text)
-    if not a.unseen:
+    if not a.unseen and not a.view:
         with open(os.path.join(a.out, "m1_table.py"), "w") as fh:
             fh.write("TABLE = {\n" + table + "}\n")
     print(text)
