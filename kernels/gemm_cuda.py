@@ -192,6 +192,10 @@ def _nt_for(m: int) -> int:
 # Session 22: the xreg form at nt = 4 against every kernel dispatched at 17–64 rows (bench/skinny_configs.py,
 # 2026-12-03-skinny-configs*-h200-s22.md, 2026-12-03-ab-xreg-cap-h200-s22.md): 6144×4096 W12 and view at 17–32 rows
 # (W12 28.4 → 26.3 µs at M = 32, view 22.8 → 19.8) and the 4096² view at 33–64 rows (27.9 → 22.3 at M = 64).
+# Session 29: the view at M ≤ 8 swept the same way (bench/m1_configs.py --view, 2026-12-04-m1-configs-view-h200-s29.md):
+# 8 warps on 4096×14336 (23.7 → 23.1 µs), and 8 warps with l2 = 100 on the two LM heads (128256×4096 135.9 → 131.6,
+# 151936×5120 195.6 → 188.2); the other seven kept (m8_rule_config's view rule picks them too, but for 51200×5120's 8
+# warps, 1 % slower).
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
@@ -218,7 +222,7 @@ TABLE: dict = {
     (28672, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (28672, 4096, 64, True): CudaConfig(4, 4, 1, 1),
     (4096, 14336, 8, False): CudaConfig(1, 8, 2, 1),
-    (4096, 14336, 8, True): CudaConfig(1, 4, 1, 4),
+    (4096, 14336, 8, True): CudaConfig(1, 8, 1, 1),
     (4096, 14336, 16, False): CudaConfig(2, 8, 1, 1),
     (4096, 14336, 16, True): CudaConfig(2, 8, 1, 1),
     (4096, 14336, 32, False): CudaConfig(4, 4, 1, 2),
@@ -226,7 +230,7 @@ TABLE: dict = {
     (4096, 14336, 64, False): CudaConfig(4, 4, 1, 1),
     (4096, 14336, 64, True): CudaConfig(4, 8, 1, 1),
     (128256, 4096, 8, False): CudaConfig(1, 4, 1, 1, 100),
-    (128256, 4096, 8, True): CudaConfig(1, 4, 1, 1),
+    (128256, 4096, 8, True): CudaConfig(1, 8, 1, 1, 100),
     (128256, 4096, 16, False): CudaConfig(2, 4, 1, 1),
     (128256, 4096, 16, True): CudaConfig(2, 4, 1, 1),
     (128256, 4096, 32, False): CudaConfig(4, 4, 1, 1),
@@ -266,7 +270,7 @@ TABLE: dict = {
     (5120, 25600, 64, False): CudaConfig(4, 4, 1, 4),
     (5120, 25600, 64, True): CudaConfig(4, 4, 1, 1),
     (151936, 5120, 8, False): CudaConfig(1, 4, 2, 1, 100),
-    (151936, 5120, 8, True): CudaConfig(1, 4, 1, 1),
+    (151936, 5120, 8, True): CudaConfig(1, 8, 1, 1, 100),
     (151936, 5120, 16, False): CudaConfig(2, 4, 1, 1),
     (151936, 5120, 16, True): CudaConfig(2, 4, 1, 1),
     (151936, 5120, 32, False): CudaConfig(4, 4, 1, 1),
@@ -306,9 +310,10 @@ def _load_override():
 _load_override()
 
 
-def m8_rule_config(n: int, k: int) -> CudaConfig:
-    """The skinny kernel's W12 config at M ≤ 8 for a shape outside TABLE, by the size of its grid of 16-channel CTAs
-    (c = N / 16) and the builds' CTAs per SM (8 warps: 2 with unroll 2, 3 with unroll 1; 4 warps: 7 with unroll 1):
+def m8_rule_config(n: int, k: int, view: bool = False) -> CudaConfig:
+    """The skinny kernel's config at M ≤ 8 for a shape outside TABLE, by the size of its grid of 16-channel CTAs
+    (c = N / 16) and the builds' CTAs per SM.
+    W12 (8 warps: 2 with unroll 2, 3 with unroll 1; 4 warps: 7 with unroll 1):
       c ≤ 264 (one wave of 8 warps × unroll 2):  8 warps, 2 records per stage; split K (≤ 4) while the grid stays
                                                  within one wave and every split keeps ≥ 16 records
       c ≤ 396 (one wave of 8 warps × unroll 1):  8 warps (K < 16384), else 4 warps and split 2
@@ -317,10 +322,23 @@ def m8_rule_config(n: int, k: int) -> CudaConfig:
     It reproduces TABLE's W12 choice on 9 of its 12 shapes (5120×8192: 8/1/1 against 4/1/2, which measured the same;
     151936×5120: unroll 1 against 2, 2.5 % slower; 1024×4096: unroll 2 against 1).  On 14 other models' shapes it
     picks configs within 2 % of the best of 34 (bench/m1_configs.py --unseen, 2026-12-04-m1-configs-unseen-h200-s28.md),
-    where the rule before it (8 warps below 1500 CTAs, split K below two CTAs per SM; the view keeps it) lost up to
-    27 %: Llama-3.1-70B's 8192² and 8192×28672 1.09 / 1.03× cuBLAS → 1.31 / 1.27×, Qwen2.5-7B's 3584² and 3584×18944
-    0.95 / 1.02× → 1.29 / 1.32×."""
+    where the rule before it (8 warps below 1500 CTAs, split K below two CTAs per SM) lost up to 27 %: Llama-3.1-70B's
+    8192² and 8192×28672 1.09 / 1.03× cuBLAS → 1.31 / 1.27×, Qwen2.5-7B's 3584² and 3584×18944 0.95 / 1.02× → 1.29 /
+    1.32×.
+    The 8-bit view (unroll 1; 8 warps: 4 CTAs per SM, 4 warps: 8):
+      c ≤ 528 (one wave of 8 warps):             8 warps; split K as W12 does up to c = 264 (1024×4096's TABLE split 4;
+                                                 at 3584² split 2 was 12 % slower)
+      c ≤ 1056 (one wave of 4 warps):            4 warps
+      larger:                                    8 warps if each warp keeps ≥ 8 records (K ≥ 4096), else 4
+      L2 evict_normal once the view's bytes N·K reach 256 MiB (W12's N = 50000 at K ≈ 3584–5120, in bytes).
+    Best or within 1.1 % of the best of 34 on 23 of 24 shapes (the 14 above and TABLE's ten; 576×1536: 7 % behind,
+    a 7 µs launch); the rule before it: view geomean 1.598 on the 14 (bench/m1_configs.py --unseen --view,
+    2026-12-04-m1-configs-view-h200-s29.md) against 1.647 for the best per shape: 10240×8192 1.73 → 1.98×, 3584²
+    1.47 → 1.66×, 57344×8192 1.91 → 2.00×."""
     c, kb = (n + 127) // 128 * 8, k // 64
+    if view:
+        warps = 8 if c <= 528 or (c > 1056 and kb >= 64) else 4
+        return CudaConfig(1, warps, 1, max(1, min(4, 264 // c, kb // 16)), 100 if n * k >= 1 << 28 else 0)
     if c <= 264:
         return CudaConfig(1, 8, 2, max(1, min(4, 264 // c, kb // 16)))
     if c <= 396:
@@ -333,8 +351,8 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     hit = TABLE.get((n, k, 8 * nt, view))
     if hit is not None:
         return hit
-    if nt == 1 and not view:
-        return m8_rule_config(n, k)
+    if nt == 1:
+        return m8_rule_config(n, k, view)
     # the sweep's pattern: one record per pipeline stage; 8 warps per CTA unless the grid has ≥ ~1500 CTAs;
     # split K until there are ≥ 2 CTAs per SM (132 SMs), each warp keeping ≥ 2 records
     ctas = (n + 127) // 128 * 8 * ((m + 8 * nt - 1) // (8 * nt))

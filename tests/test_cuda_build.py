@@ -29,9 +29,16 @@ def test_table_hit_and_rule():
     assert gc.pick_config(1, 8192, 28672) == gc.CudaConfig(1, 4, 2, 1)  # long K: two records per stage
     big = gc.pick_config(3, 999 * 128, 4096)
     assert big == gc.CudaConfig(1, 4, 1, 1, 100)  # N ≥ 50000: L2 evict_normal
-    # the view (its own TABLE entries, and the rule before: 8 warps for a small grid, K split to ≥ 2 CTAs per SM)
-    assert gc.pick_config(1, 512, 8192, view=True) == gc.CudaConfig(1, 8, 1, 4)
-    assert gc.pick_config(3, 999 * 128, 4096, view=True) == gc.CudaConfig(1, 4, 1, 1)
+    # the view at M ≤ 8 (m8_rule_config(view=True)): 8 warps to one wave of them, then 4 warps to one wave of those,
+    # then 8 warps where each keeps ≥ 8 records; K split as W12's for tiny grids; evict_normal from N·K = 2^28
+    assert gc.pick_config(1, 512, 8192, view=True) == gc.CudaConfig(1, 8, 1, 4)  # 32 CTAs
+    assert gc.pick_config(1, 3584, 3584, view=True) == gc.CudaConfig(1, 8, 1, 1)  # 224 CTAs: no split
+    assert gc.pick_config(1, 10240, 8192, view=True) == gc.CudaConfig(1, 4, 1, 1)  # 640 CTAs
+    assert gc.pick_config(1, 37888, 3584, view=True) == gc.CudaConfig(1, 4, 1, 1)  # 56 records: 7 per 8 warps
+    assert gc.pick_config(1, 57344, 8192, view=True) == gc.CudaConfig(1, 8, 1, 1, 100)
+    assert gc.pick_config(3, 999 * 128, 4096, view=True) == gc.CudaConfig(1, 8, 1, 1, 100)
+    assert gc.pick_config(1, 152064, 3584, view=True) == gc.CudaConfig(1, 4, 1, 1, 100)
+    assert gc.pick_config(1, 51200, 5120, view=True) == gc.TABLE[(51200, 5120, 8, True)]  # the table first
     assert gc.pick_config(40, 999 * 128, 4096).nt == 8
 
 
