@@ -818,7 +818,7 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16
 template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 6;  // P2 (nt 16): even, a slot's records one parity
 }
 
 template <int NT>
@@ -827,9 +827,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 }
 
 template <int NT>
-size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
-  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
-         2 * ws_stages<NT>() * 8;
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP] (none for P2), offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + (NT >= 16 ? 0 : 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8) +
+         8 * (kps + 1) * 4 + 2 * ws_stages<NT>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -1072,8 +1072,8 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + (NT >= 16 ? 0 : 8 * 16 * MT));             // [8][WS_ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (NT >= 16 ? 0 : 8 * WS_ECAP));       // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
   int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
