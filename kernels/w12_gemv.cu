@@ -767,13 +767,13 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // bulk copy), the producer's lanes' cp.async + arrive.noinc then an X warp's permute (1.04), two X warps loading the
 // next record into registers before the slot frees (1.05; 4096² and 6144×4096 unchanged: the first kernel after the
 // flush pays the dirty-L2 write-back whichever it is) — same bits, none faster; 44911c3, ec96579, c807fd1, b62ec09,
-// 2026-12-04-ab-ws-x-warps-FAILED-h200-s29.md.)
+// 2026-12-04-ab-ws-x-warps-FAILED-h200-s29.md.  And at nt = 16 two warpgroup pairs taking the records in turn (16
+// consumer warps, accumulators added in a fixed order at the end, escapes in the epilogue, slots refilled by the last
+// releasing warp, six stages so that a slot keeps one parity — with five the faster pair met its slot two mbarrier
+// phases ahead and hung): deterministic, M = 128 0.716 → 0.602; twice the record chains per SM do not help, so the
+// bound is shared (wgmma with register A, or shared-memory bandwidth), not the chain's latency; 2fe2d08, d5718e4,
+// 2026-12-04-ab-ws-p2-FAILED-h200-s29.md.)
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
-// P2 (nt = 16): two warpgroup pairs, one on the even records and one on the odd, each pair on all 128 channels
-template <int NT>
-__host__ __device__ constexpr bool ws_p2() { return NT >= 16; }
-template <int NT>
-__host__ __device__ constexpr int ws_threads() { return ws_p2<NT>() ? 16 * 32 : WS_THREADS; }
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -818,7 +818,7 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16
 template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 6;  // P2 (nt 16): even, a slot's records one parity
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -827,9 +827,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 }
 
 template <int NT>
-size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP] (none for P2), offsets [8][kps + 1], barriers
-  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + (NT >= 16 ? 0 : 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8) +
-         8 * (kps + 1) * 4 + 2 * ws_stages<NT>() * 8;
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -879,37 +879,6 @@ __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, i
   for (int k = 0; k < 4; ++k) {
     decode4<VIEW>(word(va, k), VIEW ? 0u : word(na, k), nkeep, fa[k][0], fa[k][2]);
     decode4<VIEW>(word(vb, k), VIEW ? 0u : word(nbw, k), nkeep, fa[k][1], fa[k][3]);
-  }
-}
-
-// P2 has no producer warp: slot i % STAGES gets record a + i and its X tile from whichever consumer warp releases the
-// slot last (a shared-memory count per slot), or from thread 0 for the first STAGES records.
-template <int NT, bool VIEW>
-__device__ __forceinline__ void ws_copy(uint8_t* slot, uint64_t* full, const uint8_t* rec, const uint8_t* xq, int nb,
-                                        int KB, int a, int i, int Mpad, int m0, bool wfirst) {
-  constexpr int XB = 8 * NT * 128;
-  constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
-  uint64_t first;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-  mbar_expect(full, XB + WBYTES);
-  bulk_g2s(slot, xq + ((size_t)(a + i) * Mpad + m0) * 128, XB, full);
-  const uint8_t* wsrc = rec + ((size_t)nb * KB + a + i) * REC;
-  if (wfirst)
-    bulk_g2s(slot + XB, wsrc, WBYTES, full, first);
-  else
-    bulk_g2s(slot + XB, wsrc, WBYTES, full);
-}
-
-// ws_decode with rows g and g + 8 one after the other (8 loaded registers live instead of 16; P2's register budget).
-template <bool VIEW>
-__device__ __forceinline__ void ws_decode_rows(const uint8_t* slot, int v0, int v1, int n0, int n1, uint32_t nkeep,
-                                               uint32_t (&fa)[4][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint4 v = *reinterpret_cast<const uint4*>(slot + (h ? v1 : v0));
-    const uint4 nw = VIEW ? make_uint4(0, 0, 0, 0) : *reinterpret_cast<const uint4*>(slot + (h ? n1 : n0));
-#pragma unroll
-    for (int k = 0; k < 4; ++k) decode4<VIEW>(word(v, k), VIEW ? 0u : word(nw, k), nkeep, fa[k][h], fa[k][h + 2]);
   }
 }
 
@@ -983,23 +952,6 @@ __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][
   }
 }
 
-// P2: a warp's sums · 2^(E_n − 127) into red (add: onto what the other parity stored there; the wgmma D layout as
-// ws_store_acc).  The scale is a power of two, so a·s + b·s rounds as (a + b)·s.
-template <int NT>
-__device__ __forceinline__ void ws_p2_store(float* red, const float (&acc)[NT][4], const uint8_t* s_ew, int g, int t,
-                                            bool add) {
-  const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int m = 8 * j + 2 * t;
-    float* r0 = red + m * 128 + g;
-    r0[0] = acc[j][0] * s0 + (add ? r0[0] : 0.f);
-    r0[128] = acc[j][1] * s0 + (add ? r0[128] : 0.f);
-    r0[8] = acc[j][2] * s1 + (add ? r0[8] : 0.f);
-    r0[136] = acc[j][3] * s1 + (add ? r0[136] : 0.f);
-  }
-}
-
 // The warp's escapes past WS_ECAP (rare: not staged by the prologue), from global memory in list order, onto red.
 template <bool VIEW>
 __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi,
@@ -1018,52 +970,8 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
   }
 }
 
-// P2's escapes, all in the epilogue: the warp's tile entries [e_lo, e_hi) in list order onto red (x from global
-// memory), entries fetched 32 at a time and their X loads 4 entries at a time before the adds (lane: rows lane + 32r).
-template <bool VIEW, int MT>
-__device__ __forceinline__ void ws_p2_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi, const int32_t* tent,
-                                              const __nv_bfloat16* x, int ldx, int m0, int mcount, int lane) {
-  if constexpr (!VIEW) {
-    constexpr int R = (MT + 31) / 32;
-    for (int base = e_lo; base < e_hi; base += 32) {
-      const int n = min(32, e_hi - base);
-      uint32_t e0 = 0u, e1 = 0u;
-      if (lane < n) {
-        e0 = (uint32_t)__ldg(tent + 2 * (long)(base + lane));
-        e1 = (uint32_t)__ldg(tent + 2 * (long)(base + lane) + 1);
-      }
-      for (int j = 0; j < n; j += 4) {
-        float xv[4][R], d[4];
-        int rl[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int jj = min(j + q, n - 1);
-          const uint32_t a0 = __shfl_sync(0xffffffffu, e0, jj), a1 = __shfl_sync(0xffffffffu, e1, jj);
-          rl[q] = (int)(a0 >> 24);
-          const int col = (int)(a0 & 0xFFFFFFu);
-          d[q] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(a1 & 0xFFFFu))) -
-                 __int_as_float(((int)s_ew[rl[q]] - 15) << 23);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            const int m = lane + 32 * r;
-            xv[q][r] = m < mcount ? __bfloat162float(x[(size_t)(m0 + m) * ldx + col]) : 0.f;
-          }
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          if (j + q < n)
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-              const int m = lane + 32 * r;
-              if (m < mcount) red[m * 128 + rl[q]] = fmaf(xv[q][r], d[q], red[m * 128 + rl[q]]);
-            }
-      }
-    }
-  }
-}
-
 template <int NT, bool VIEW>
-__global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
@@ -1072,18 +980,14 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + (NT >= 16 ? 0 : 8 * 16 * MT));             // [8][WS_ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (NT >= 16 ? 0 : 8 * WS_ECAP));       // [STAGES]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
   int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
-  __shared__ int s_rel[STAGES];  // P2: consumer warps done with the slot's current record
 
-  constexpr bool P2 = ws_p2<NT>();
-  constexpr int CW = P2 ? 16 : 8;  // consumer warps; the producer is warp CW
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wt = warp & 7, par = P2 ? (warp >> 3) & 1 : 0;  // the warp's 16 channels 16·wt.., P2: its records' parity
   const int g = lane >> 2, t = lane & 3;
   const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
   const int S = gridDim.z, kps = (KB + S - 1) / S;
@@ -1096,47 +1000,15 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
     mbar_init_fence();
   }
   if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
-  if (P2 && tid < STAGES) s_rel[tid] = 0;
   __syncthreads();
-  if (P2 && tid == 0)
-    for (int i = 0; i < min(STAGES, nrec); ++i)
-      ws_copy<NT, VIEW>(ring + i * SLOT, full + i, rec, xq, nb, KB, a, i, Mpad, m0, wfirst != 0);
 
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
   float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
-  if (warp == CW) {  // ---- producer
+  if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
-  } else if (P2) {  // ---- P2 consumers: the records of parity par, one at a time; escapes in the epilogue
-    const int v0 = XB + (16 * wt + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-    const int n0 = XB + VIEW_BYTES + (16 * wt + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-    const uint32_t nkeep = nib_keep(t);
-    for (int i = par; i < nrec; i += 2) {
-      const int s = i % STAGES;
-      mbar_wait(full + s, (i / STAGES) & 1);
-      const uint8_t* slot = ring + s * SLOT;
-      uint32_t fa[4][4];
-      ws_decode_rows<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot));
-      wg_commit();
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) {  // the last of the parity's 8 warps to release the slot refills it with record i + STAGES
-        __threadfence_block();
-        if (atomicAdd(&s_rel[s], 1) == 7) {
-          __threadfence_block();
-          asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-          s_rel[s] = 0;
-          if (i + STAGES < nrec)
-            ws_copy<NT, VIEW>(ring + s * SLOT, full + s, rec, xq, nb, KB, a, i + STAGES, Mpad, m0, wfirst != 0);
-        }
-      }
-    }
-    fence_acc(acc);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1196,26 +1068,13 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
   }
   __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
-  if (P2) {  // ---- P2 epilogue: y = (acc_even · 2^(E_n − 127) + acc_odd · 2^(E_n − 127)) + escapes in list order
-    float* red = reinterpret_cast<float*>(ring) + 16 * wt;
-    if (warp < CW && par == 0) ws_p2_store<NT>(red, acc, s_e + 16 * wt, g, t, false);
-    __syncthreads();
-    if (warp < CW && par == 1) {
-      ws_p2_store<NT>(red, acc, s_e + 16 * wt, g, t, true);
-      __syncwarp();
-      if (!VIEW) {
-        const int c = nb * 8 + wt;
-        ws_p2_escapes<VIEW, MT>(red, s_e + 16 * wt, __ldg(toff + (long)c * KB + a), __ldg(toff + (long)c * KB + b),
-                                tent, x, ldx, m0, mcount, lane);
-      }
-    }
-  } else if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
     ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
-  finish_tile<128, MT, ws_threads<NT>(), true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
@@ -1238,7 +1097,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
-  kern<<<grid, ws_threads<NT>(), smem, st>>>(
+  kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
       (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, wfirst);
   return cudaGetLastError();
