@@ -76,7 +76,7 @@ def sweep_shape(si, n, k, l2s=L2S, view=False):
     if view:
         del mt
         torch.cuda.empty_cache()
-        return dict(res, vcur=pick, vt={pick: finals[pick]}, vpick=pick)
+        return res
     vcur = gc.dispatched_config(1, n, k, view=True)
     vcfgs = [gc.CudaConfig(vcur.nt, vcur.warps, vcur.unroll, vcur.split, l2) for l2 in (0, 100)]
     yv = [mt.run(x, view=True, cuda=c) for c in vcfgs]
@@ -109,12 +109,12 @@ def main():
         r = sweep_shape(si, n, k, (0, 100) if a.unseen else L2S, view=a.view)
         rows.append(r)
         print(f"{n}x{k}: cuBLAS {r['cb']:.1f}; current {name(r['cur'])} {r['t_cur']:.1f}; best {name(r['best'])} "
-              f"{r['t_best']:.1f}; view l2 0/100 {list(r['vt'].values())}", flush=True)
+              f"{r['t_best']:.1f}" + ("" if a.view else f"; view l2 0/100 {list(r['vt'].values())}"), flush=True)
     geo = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
     g_cur = geo([r["cb"] / r["t_cur"] for r in rows])
     g_pick = geo([r["cb"] / r["t_pick"] for r in rows])
-    g_vcur = geo([r["cb"] / r["vt"][r["vcur"]] for r in rows])
-    g_vpick = geo([r["cb"] / r["vt"][r["vpick"]] for r in rows])
+    g_vcur = None if a.view else geo([r["cb"] / r["vt"][r["vcur"]] for r in rows])
+    g_vpick = None if a.view else geo([r["cb"] / r["vt"][r["vpick"]] for r in rows])
     lines = [
         f"# M = 1 skinny {kind} configs under do_bench's flush{' on shapes outside the tables' if a.unseen else ''} — "
         f"{datetime.date.today()}", "",
@@ -135,7 +135,7 @@ def main():
             + ("— | — | " if a.view else " / ".join(f"{v:.1f}" for v in r["vt"].values()) + f" | l2 {r['vpick'].l2} | ")
             + ", ".join(f"{name(c)} {t:.1f}" for c, t in r["top"][:4]) + " |")
     text = "\n".join(lines) + "\n"
-    table = "".join(
+    table = "" if a.view else "".join(
         f"    ({r['n']}, {r['k']}, 8, {v}): CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}),\n"
         for r in rows for v, c in ((False, r["pick"]), (True, r["vpick"])))
     stem = "m1_configs" + ("-unseen" if a.unseen else "") + ("-view" if a.view else "")
