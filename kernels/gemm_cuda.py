@@ -334,13 +334,14 @@ def m8_rule_config(n: int, k: int, view: bool = False) -> CudaConfig:
     Best or within 1.1 % of the best of 34 on 23 of 24 shapes (the 14 above and TABLE's ten; 576×1536: 7 % behind,
     a 7 µs launch); the rule before it: view geomean 1.598 on the 14 (bench/m1_configs.py --unseen --view,
     2026-12-04-m1-configs-view-h200-s29.md) against 1.647 for the best per shape: 10240×8192 1.73 → 1.98×, 3584²
-    1.47 → 1.66×, 57344×8192 1.91 → 2.00×."""
+    1.47 → 1.66×, 57344×8192 1.91 → 2.00×; this rule 1.641 (-rule.md)."""
     c, kb = (n + 127) // 128 * 8, k // 64
+    split = max(1, min(4, 264 // c, kb // 16))  # 1 from c = 133 on
     if view:
         warps = 8 if c <= 528 or (c > 1056 and kb >= 64) else 4
-        return CudaConfig(1, warps, 1, max(1, min(4, 264 // c, kb // 16)), 100 if n * k >= 1 << 28 else 0)
+        return CudaConfig(1, warps, 1, split, 100 if n * k >= 1 << 28 else 0)
     if c <= 264:
-        return CudaConfig(1, 8, 2, max(1, min(4, 264 // c, kb // 16)))
+        return CudaConfig(1, 8, 2, split)
     if c <= 396:
         return CudaConfig(1, 8, 1, 1) if k < 16384 else CudaConfig(1, 4, 1, 2)
     return CudaConfig(1, 4, 2 if k >= 16384 else 1, 1, 100 if n >= 50000 else 0)
