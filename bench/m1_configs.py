@@ -73,19 +73,17 @@ def sweep_shape(si, n, k, l2s=L2S, view=False):
     clean = {c: bench(fn(c), clean=True) for c in dict.fromkeys([cur, pick])}
     res = dict(n=n, k=k, cb=t_cb, cur=cur, t_cur=finals[cur], best=best, t_best=finals[best], pick=pick,
                t_pick=finals[pick], clean=clean, top=[(c, finals[c]) for c in sorted(finals, key=finals.get)])
-    if view:
-        del mt
-        torch.cuda.empty_cache()
-        return res
-    vcur = gc.dispatched_config(1, n, k, view=True)
-    vcfgs = [gc.CudaConfig(vcur.nt, vcur.warps, vcur.unroll, vcur.split, l2) for l2 in (0, 100)]
-    yv = [mt.run(x, view=True, cuda=c) for c in vcfgs]
-    assert torch.equal(yv[0].view(torch.int16), yv[1].view(torch.int16)), f"view {n}x{k}: bits differ across l2"
-    vt = timed({c: (lambda c=c: mt.run(x, view=True, cuda=c)) for c in vcfgs}, 3)
-    vpick = min(vt, key=vt.get) if min(vt.values()) < vt[vcur] / 1.015 else vcur
+    if not view:  # the view's dispatched config at l2 0 and 100, beside W12's sweep
+        vcur = gc.dispatched_config(1, n, k, view=True)
+        vcfgs = [gc.CudaConfig(vcur.nt, vcur.warps, vcur.unroll, vcur.split, l2) for l2 in (0, 100)]
+        yv = [mt.run(x, view=True, cuda=c) for c in vcfgs]
+        assert torch.equal(yv[0].view(torch.int16), yv[1].view(torch.int16)), f"view {n}x{k}: bits differ across l2"
+        vt = timed({c: (lambda c=c: mt.run(x, view=True, cuda=c)) for c in vcfgs}, 3)
+        vpick = min(vt, key=vt.get) if min(vt.values()) < vt[vcur] / 1.015 else vcur
+        res.update(vcur=vcur, vt=vt, vpick=vpick)
     del mt
     torch.cuda.empty_cache()
-    return dict(res, vcur=vcur, vt=vt, vpick=vpick)
+    return res
 
 
 def name(c):
@@ -116,7 +114,8 @@ def main():
     g_vcur = None if a.view else geo([r["cb"] / r["vt"][r["vcur"]] for r in rows])
     g_vpick = None if a.view else geo([r["cb"] / r["vt"][r["vpick"]] for r in rows])
     lines = [
-        f"# M = 1 skinny {kind} configs under do_bench's flush{' on shapes outside the tables' if a.unseen else ''} — "
+        f"# M = 1 skinny {kind} configs under do_bench's flush"
+        f"{' on shapes outside the tables' if a.unseen else ''} — "
         f"{datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
         f"- command: `W12_CUDA=1 python bench/m1_configs.py{flags} --out $OUT`",
@@ -132,7 +131,8 @@ def main():
         lines.append(
             f"| {r['n']}×{r['k']} | {r['cb']:.1f} | {name(r['cur'])} | {r['t_cur']:.1f} | {name(r['pick'])} | "
             f"{r['t_pick']:.1f} | {r['cb'] / r['t_cur']:.3f} → {r['cb'] / r['t_pick']:.3f} | {cl} | "
-            + ("— | — | " if a.view else " / ".join(f"{v:.1f}" for v in r["vt"].values()) + f" | l2 {r['vpick'].l2} | ")
+            + ("— | — | " if a.view
+               else " / ".join(f"{v:.1f}" for v in r["vt"].values()) + f" | l2 {r['vpick'].l2} | ")
             + ", ".join(f"{name(c)} {t:.1f}" for c, t in r["top"][:4]) + " |")
     text = "\n".join(lines) + "\n"
     table = "" if a.view else "".join(
