@@ -29,8 +29,6 @@ class CudaConfig:
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
     xreg: bool = False  # nt = 4, unroll 1 only: the next records' X words held in registers (w12_gemv.cu Group's
     #                     XPF; with 4 warps a CTA per SM fewer than the plain form, with 8 the same)
-    ct: int = 1  # channel tiles (16 channels each) per CTA: 1, 2 or 4 (> 1: unroll 1); the warps split into ct groups
-    #              of warps / ct, one per tile, all on the same records, so that each X line read serves ct tiles
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -450,14 +448,14 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first))
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-        ws, tk = _split_buffers(x.device, y, tiles // cfg.ct, cfg.split, 16 * cfg.ct * 8 * cfg.nt)
+        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
                 int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2,
-                int(cfg.xreg), cfg.ct)
+                int(cfg.xreg))
         else:
-            if cfg.nt != 1 or cfg.ct != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
+            if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
                                  f"{trace.dtype} {tuple(trace.shape)} for {cfg}")
             err = library().w12_gemv_trace(
@@ -472,8 +470,7 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
     memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
     blocks = ctypes.c_int(0)
-    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, int(cfg.xreg), ctypes.byref(blocks),
-                                       cfg.ct)
+    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, int(cfg.xreg), ctypes.byref(blocks))
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value

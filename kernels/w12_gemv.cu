@@ -422,8 +422,8 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // shared memory by cp.async at the start, for those escapes: same bits, M = 1 1.330 → 1.287 — every placement of the
 // copy loop cost one of the nt = 1 builds registers or a spill; 2fde574, 2026-12-04-ab-skinny-xs-stage-FAILED-h200-s28.md)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false, int CT = 1>
-__global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE && CT == 1 ? 7
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
+__global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
                                               : XREG && WARPS == 8                                 ? 2
                                                                                                    : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
@@ -432,20 +432,15 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     int l2_pct) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
-  constexpr int KW = WARPS / CT;  // warps per channel tile (CT tiles per CTA)
-  constexpr int R = 16 * CT;      // the CTA's channels
-  constexpr int STEP = KW * U;
-  static_assert(WARPS % CT == 0 && 8 % CT == 0, "CT divides the warps and a record row's 8 tiles");
+  constexpr int STEP = WARPS * U;
   __shared__ __align__(16) float red[WARPS][16][MT];
-  __shared__ __align__(16) float s_out[CT == 1 ? 1 : R * MT];  // CT > 1: the CTA's sums [R][MT] (CT = 1: red[0])
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
-  __shared__ uint32_t s_mask[R][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
+  __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
-  __shared__ __align__(16) uint8_t s_e[R];     // E_n of the CTA's R channels
+  __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
-  float* out = CT == 1 ? &red[0][0][0] : s_out;  // out[r · MT + m]: the sum of channel r, X row m
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __shared__ unsigned long long s_trace[TRACE ? 4 : 1];
@@ -470,39 +465,18 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const int v0 = g * 64 + 16 * t, v1 = v0 + 8 * 64;  // in-record byte offsets for r0 = 0
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const uint32_t nkeep = nib_keep(t);  // columns 32..63 sit in the high nibbles
-  // CTA = CT consecutive tiles cb .. cb + CT − 1 of one record row; warp = tile cb + warp / KW, records a + warp % KW, …
-  const int cb = blockIdx.x * CT, kw = CT == 1 ? warp : warp % KW, c = CT == 1 ? cb : cb + warp / KW;
-  const int nb = c >> 3, r0 = (c & 7) * 16;
-  const int rb = (cb & 7) * 16, m0 = blockIdx.y * MT;
-  const int tau = blockIdx.y * gridDim.x + blockIdx.x, S = gridDim.z;
+  const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
+  const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
   // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
   pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
-  // The CTA's ne escapes: entries cum[j] .. cum[j + 1] − 1 of its list are tile cb + j's entries of records [a, b),
-  // tent[lo[j] ..) (tiles in order, each in list order).
-  int lo[CT], cum[CT + 1];
-  cum[0] = 0;
-#pragma unroll
-  for (int j = 0; j < CT; ++j) {
-    lo[j] = VIEW ? 0 : __ldg(toff + (long)(cb + j) * KB + a);
-    cum[j + 1] = VIEW ? 0 : cum[j] + __ldg(toff + (long)(cb + j) * KB + b) - lo[j];
+  int e_lo = 0, e_hi = 0;
+  if (!VIEW) {
+    e_lo = __ldg(toff + (long)c * KB + a);
+    e_hi = __ldg(toff + (long)c * KB + b);
   }
-  const int ne = cum[CT];
-  auto tile_of = [&](int i) {  // the tile (0 .. CT − 1) of the CTA's entry i
-    int j = 0;
-#pragma unroll
-    for (int jj = 1; jj < CT; ++jj) j += i >= cum[jj];
-    return j;
-  };
-  auto entry_at = [&](int i) -> const int32_t* {  // tent's entry of the CTA's entry i (constant indices: no local memory)
-    long e = lo[0] + i;
-#pragma unroll
-    for (int j = 1; j < CT; ++j)
-      if (i >= cum[j]) e = lo[j] + i - cum[j];
-    return tent + 2 * e;
-  };
   const uint8_t* base = rec + ((size_t)nb * KB) * REC;
   const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
   const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
@@ -518,18 +492,18 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
-  ga.load(base, a + kw, b, KW, va0, va1, na0, na1, xr, xok, pol);
-  gb.load(base, a + kw + STEP, b, KW, va0, va1, na0, na1, xr, xok, pol);
-  if (tid < CT) cp_async16(s_e + 16 * tid, expo + nb * 128 + rb + 16 * tid);
-  if (!VIEW && tid < ne) cp_async8(&s_ent[tid], entry_at(tid));
+  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
+  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-  for (int kb0 = a + kw; kb0 < b; kb0 += 2 * STEP) {
-    ga.compute(acc, kb0, b, KW, nkeep, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, KW, va0, va1, na0, na1, xr, xok, pol);
-    gb.compute(acc, kb0 + STEP, b, KW, nkeep, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, KW, va0, va1, na0, na1, xr, xok, pol);
+  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
+    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
+    gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
+    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
@@ -544,19 +518,19 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __syncthreads();
   trace(1);
   const int mcount = min(MT, M - m0);
-  if (CT == 1 && NT == 1 && mcount <= 2 && (VIEW || ne <= 32)) {
+  if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
     // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float o = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, ne, x, ldx, m0, mcount, lane);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
-        if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(o);
+        if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
         trace(2);
         return;
       }
-      if (m < mcount) red[0][r][m] = o;
+      if (m < mcount) red[0][r][m] = out;
     }
     if (!splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
       trace(2);
@@ -570,26 +544,25 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     trace(2);
     return;
   }
-  // channel r = 16j + rr of the CTA: Σ over tile j's warps jKW .. jKW + KW − 1 in order, times 2^(E_n − 127) (exact)
-  for (int idx = tid; idx < R * mcount; idx += THREADS) {
-    int r = idx % R, m = idx / R;
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
     float sum = 0.f;
 #pragma unroll
-    for (int w = 0; w < KW; ++w) sum += red[(r >> 4) * KW + w][r & 15][m];
-    out[r * MT + m] = sum * __int_as_float((int)s_e[r] << 23);
+    for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    red[0][r][m] = sum * __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
   }
-  if (!VIEW && ne > 0) {
-    for (int c0 = 0; c0 < ne; c0 += THREADS) {
-      if (c0 != 0) {  // more escapes than threads: the next chunk (the first came with the loads)
+  if (!VIEW && e_hi > e_lo) {
+    for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
+      if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
         __syncthreads();   // the previous chunk's readers are done
-        if (c0 + tid < ne) s_ent[tid] = *reinterpret_cast<const uint2*>(entry_at(c0 + tid));
+        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
         __syncthreads();
       }
-      // entry -> (channel of the CTA, column, w − w_code) with w_code = 2^(E_n − 142)
+      // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
       s_row[tid] = -1;
-      if (c0 + tid < ne) {
+      if (c0 + tid < e_hi) {
         const uint2 en = s_ent[tid];
-        int rl = (int)(en.x >> 24) + 16 * tile_of(c0 + tid);
+        int rl = (int)(en.x >> 24);
         float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
         s_row[tid] = rl;
         s_col[tid] = (int)(en.x & 0xFFFFFFu);
@@ -601,34 +574,34 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
       {
         int rr = s_row[tid];
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < 16; ++r) {
           uint32_t bm = __ballot_sync(0xffffffffu, rr == r);
           if (lane == 0) s_mask[r][warp] = bm;
         }
       }
       __syncthreads();
-      for (int idx = tid; idx < R * mcount; idx += THREADS) {
-        int r = idx % R, m = idx / R;
+      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+        int r = idx & 15, m = idx >> 4;
         const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
-        float o = out[r * MT + m];
+        float out = red[0][r][m];
         for (int cw = 0; cw < WARPS; ++cw) {
           for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
             int jj = 32 * cw + __ffs(bm) - 1;
-            o = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], o);
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
           }
         }
-        out[r * MT + m] = o;
+        red[0][r][m] = out;
       }
     }
   }
-  if (S > 1 && !splitk_last(out, R * MT, ws + (size_t)tau * S * R * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
     trace(2);
     return;
   }
   __syncthreads();
-  for (int idx = tid; idx < R * mcount; idx += THREADS) {
-    int r = idx % R, m = idx / R, n = nb * 128 + rb + r;
-    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out[r * MT + m]);
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
   }
   trace(2);
 }
@@ -1139,13 +1112,13 @@ struct Args {
   int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false, int CT = 1>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG, CT>, WARPS * 32, 0);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG>,
+                                                         WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(a.NB * 8 / CT, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -1153,37 +1126,32 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = a.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG, CT>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
                             (int*)a.tickets, a.l2_pct);
 }
 
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, int xreg, int ct, const Args& a, cudaStream_t st) {
-#define W12_XCASE(W, C) \
-  if (warps == W && unroll == 1 && ct == C) return launch_t<NT, VIEW, W, 1, false, true, C>(a, st);
+cudaError_t launch_wu(int warps, int unroll, int xreg, const Args& a, cudaStream_t st) {
   if (xreg) {  // the XREG form: nt = 4, unroll 1 only
-    if constexpr (NT == 4) {
-      W12_XCASE(4, 1) W12_XCASE(8, 1) W12_XCASE(4, 2) W12_XCASE(8, 2) W12_XCASE(4, 4) W12_XCASE(8, 4)
-    }
+    if constexpr (NT == 4)
+      if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, true>(a, st);
+      else if (warps == 8 && unroll == 1) return launch_t<NT, VIEW, 8, 1, false, true>(a, st);
     return cudaErrorInvalidValue;
   }
-#undef W12_XCASE
-#define W12_CASE(W, UU, C) \
-  if (warps == W && unroll == UU && ct == C) return launch_t<NT, VIEW, W, UU, false, false, C>(a, st);
-  W12_CASE(4, 1, 1) W12_CASE(4, 2, 1) W12_CASE(8, 1, 1) W12_CASE(8, 2, 1)
-  W12_CASE(4, 1, 2) W12_CASE(8, 1, 2) W12_CASE(4, 1, 4) W12_CASE(8, 1, 4)
+#define W12_CASE(W, UU) \
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
+  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
 #undef W12_CASE
   return cudaErrorInvalidValue;
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
-int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, int ct, cudaStream_t st) {
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, cudaStream_t st) {
 #define W12_NT(NTV) \
   if (nt == NTV) \
-    return view ? launch_wu<NTV, true>(warps, unroll, xreg, ct, a, st) \
-                : launch_wu<NTV, false>(warps, unroll, xreg, ct, a, st);
+    return view ? launch_wu<NTV, true>(warps, unroll, xreg, a, st) : launch_wu<NTV, false>(warps, unroll, xreg, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
@@ -1202,20 +1170,19 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, i
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int xreg,
-                        int ct) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int xreg) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
-  return dispatch(a, view, nt, warps, unroll, xreg, ct, (cudaStream_t)stream);
+  return dispatch(a, view, nt, warps, unroll, xreg, (cudaStream_t)stream);
 }
 
 // The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
 // CTAs / (blocks · SMs) that bench/kernels.py reports.  Returns a cudaError_t; *blocks gets the count.
-extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int xreg, int* blocks, int ct) {
+extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int xreg, int* blocks) {
   Args a{};
   a.occupancy = blocks;
-  return dispatch(a, view, nt, warps, unroll, xreg, ct, nullptr);
+  return dispatch(a, view, nt, warps, unroll, xreg, nullptr);
 }
 
 // The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·

@@ -198,7 +198,7 @@ def test_configs_name_compiled_kernels(tmp_path):
 
     def skinny(c, view):
         return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p, c.l2,
-                            int(c.xreg), c.ct)
+                            int(c.xreg))
 
     def ws(nt, split, view):
         return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1)
