@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# (name, NT, NWG, BATCH, SS, OWNB, PIPE, DEC)
+# (name, NT, NWG, BATCH, SS, OWNB, PIPE, DEC); DEC 2: decode with two fragment sets alternating (the next record's
+# decode while the current one's wgmma runs: BATCH 2 sets, one record per commit, wait_group 1); DEC 3: decode only
 VARIANTS = [
     ("ws as is: 2 WG, RS, 1 record per commit", 16, 2, 1, 0, 0, 0, 0),
     ("2 WG, RS, 2 records per commit", 16, 2, 2, 0, 0, 0, 0),
@@ -40,6 +41,12 @@ VARIANTS = [
     ("1 WG, SS, wait_group 1", 16, 1, 1, 1, 0, 1, 0),
     ("2 WG, RS, decode each record", 16, 2, 1, 0, 0, 0, 1),
     ("2 WG, RS, decode, 2 records per commit", 16, 2, 2, 0, 0, 0, 1),
+    ("2 WG, RS, decode, 4 records per commit", 16, 2, 4, 0, 0, 0, 1),
+    ("2 WG, RS, decode under the previous wgmma (2 sets, wait_group 1)", 16, 2, 2, 0, 0, 1, 2),
+    ("3 WG, RS, decode each record", 16, 3, 1, 0, 0, 0, 1),
+    ("4 WG, RS, decode each record", 16, 4, 1, 0, 0, 0, 1),
+    ("4 WG, RS, decode, 2 records per commit", 16, 4, 2, 0, 0, 0, 1),
+    ("2 WG, decode only (no wgmma)", 16, 2, 1, 0, 0, 0, 3),
     ("nt 8: 2 WG, RS", 8, 2, 1, 0, 0, 0, 0),
     ("nt 8: 2 WG, RS, wait_group 1", 8, 2, 1, 0, 0, 1, 0),
     ("nt 8: 2 WG, SS, wait_group 1", 8, 2, 1, 1, 0, 1, 0),
@@ -62,7 +69,7 @@ __device__ __forceinline__ void wgmma_ss{nt}(float (&d)[{nt}][4], uint64_t da, u
 
 KERNEL = r"""
 namespace {
-template <int NT, int NWG, int BATCH, bool SS, bool OWNB, bool PIPE, bool DEC>
+template <int NT, int NWG, int BATCH, bool SS, bool OWNB, bool PIPE, int DEC>
 __global__ void __launch_bounds__(128 * NWG, 1) wg_bound(int records, float* out, unsigned long long* clk) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* sm = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
@@ -87,7 +94,26 @@ __global__ void __launch_bounds__(128 * NWG, 1) wg_bound(int records, float* out
       for (int q = 0; q < 4; ++q) fa[b][k][q] = 0x3C003C00u ^ (uint32_t)((lane + b + k + q) & 7);
   __syncthreads();
   const unsigned long long c0 = clock64(), t0 = globaltimer();
-  for (int i = 0; i < records; i += BATCH) {
+  uint32_t sink = 0;
+  for (int i = 0; DEC == 3 && i < records; ++i) {  // decode only: fold the fragments into sink
+    ws_decode<false>(rec + 64 * (i & 3), v0, v1, n0, n1, nib_keep(t), fa[0]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sink ^= fa[0][k][0] ^ fa[0][k][1] ^ fa[0][k][2] ^ fa[0][k][3];
+  }
+  for (int i = 0; DEC == 2 && i < records; i += 2) {  // fragment sets alternate: set b decoded while set 1 − b runs
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      ws_decode<false>(rec + 64 * ((i + b) & 3), v0, v1, n0, n1, nib_keep(t), fa[b]);
+      fence_acc(acc);
+      wg_fence();
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        wgmma_k16<NT>(acc, fa[b][k][0], fa[b][k][1], fa[b][k][2], fa[b][k][3], wg_desc(bb + 32 * k));
+      wg_commit();
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    }
+  }
+  for (int i = 0; DEC < 2 && i < records; i += BATCH) {
     if (DEC) {
 #pragma unroll
       for (int b = 0; b < BATCH; ++b) ws_decode<false>(rec + 64 * ((i + b) & 3), v0, v1, n0, n1, nib_keep(t), fa[b]);
@@ -115,7 +141,7 @@ __global__ void __launch_bounds__(128 * NWG, 1) wg_bound(int records, float* out
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < NT; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
-  out[blockIdx.x * blockDim.x + tid] = s;
+  out[blockIdx.x * blockDim.x + tid] = s + (float)(sink & 1);
   if (tid == 0) {
     clk[2 * blockIdx.x] = c1 - c0;
     clk[2 * blockIdx.x + 1] = t1 - t0;
@@ -141,7 +167,7 @@ VARIANT_CASES
 
 
 def source() -> str:
-    cases = "\n".join(f"  WGB({i}, {nt}, {nwg}, {b}, {bool(ss)!s:s}, {bool(own)!s:s}, {bool(p)!s:s}, {bool(d)!s:s})"
+    cases = "\n".join(f"  WGB({i}, {nt}, {nwg}, {b}, {bool(ss)!s:s}, {bool(own)!s:s}, {bool(p)!s:s}, {d})"
                       .replace("True", "true").replace("False", "false")
                       for i, (_, nt, nwg, b, ss, own, p, d) in enumerate(VARIANTS))
     kern = KERNEL.replace("VARIANT_CASES", cases)
