@@ -149,6 +149,100 @@ __global__ void __launch_bounds__(128 * NWG, 1) wg_bound(int records, float* out
 }
 }  // namespace
 
+// The ws kernel's ring without escapes or epilogue: a producer warp bulk-copies each record (ROWS record rows: one
+// per pair of warpgroups) and, with XRING, its X tile into slot i % STAGES; NWG consumer warpgroups decode and run
+// wgmma two records per commit as the ws kernel does at nt = 16, then release the slots.  !XRING: one X tile fixed in
+// shared memory (the ring carries the records only).
+template <int NWG, bool XRING, int STAGES>
+__global__ void __launch_bounds__(128 * NWG + 32, 1) ring_bound(const uint8_t* rec, const uint8_t* xq, int KB, float* out) {
+  constexpr int NT = 16, XB = 128 * 128, ROWS = NWG / 2, SLOT = (XRING ? XB : 0) + ROWS * REC;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
+  uint8_t* xfix = ring + STAGES * SLOT;
+  uint64_t* full = reinterpret_cast<uint64_t*>(xfix + (XRING ? 0 : XB));
+  uint64_t* empty = full + STAGES;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int nb0 = blockIdx.x * ROWS;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 4 * NWG);
+    }
+    mbar_init_fence();
+  }
+  if (!XRING)
+    for (int i = tid; i < XB / 4; i += blockDim.x) reinterpret_cast<uint32_t*>(xfix)[i] = 0x3C003C00u ^ (i & 7);
+  __syncthreads();
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  if (warp == 4 * NWG) {  // producer
+    uint64_t first;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    for (int i = 0; i < KB; ++i) {
+      const int s = i % STAGES;
+      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);
+      if (lane == 0) {
+        uint8_t* slot = ring + s * SLOT;
+        mbar_expect(full + s, SLOT);
+        if (XRING) bulk_g2s(slot, xq + (size_t)i * XB, XB, full + s);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+          bulk_g2s(slot + (XRING ? XB : 0) + r * REC, rec + ((size_t)(nb0 + r) * KB + i) * REC, REC, full + s, first);
+      }
+      __syncwarp();
+    }
+  } else {  // consumers: warpgroup w takes record row w / 2, channels 64·(w % 2) ..
+    const int off = (XRING ? XB : 0) + (warp / 8) * REC, wr = warp & 7;
+    const int v0 = off + (16 * wr + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = off + VIEW_BYTES + (16 * wr + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+    const uint32_t nkeep = nib_keep(t);
+    for (int i = 0; i + 1 < KB; i += 2) {
+      const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
+      const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
+      uint32_t fa[4][4], fb[4][4];
+      mbar_wait(full + s0, (i / STAGES) & 1);
+      ws_decode<false>(slot0, v0, v1, n0, n1, nkeep, fa);
+      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
+      ws_decode<false>(slot1, v0, v1, n0, n1, nkeep, fb);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(XRING ? slot0 : xfix));
+      ws_mma<NT>(acc, fb, saddr(XRING ? slot1 : xfix));
+      wg_commit();
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(empty + s0);
+        mbar_arrive(empty + s1);
+      }
+    }
+    fence_acc(acc);
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) sum += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  out[blockIdx.x * blockDim.x + tid] = sum;
+}
+
+// ring variant v (0: 2 WG, records and X tiles; 1: records only; 2: records only, 8 stages) over NB record rows of KB
+// records.  (4 warpgroups on two record rows with the producer warp — 544 threads, 120 registers — made ptxas
+// serialize the wgmma: not built.)
+extern "C" int ring_bound_run(int v, const void* rec, const void* xq, int NB, int KB, void* out, void* stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+#define RGB(I, NWG, XR, ST)                                                                                       \
+  if (v == I) {                                                                                                   \
+    auto k = ring_bound<NWG, XR, ST>;                                                                             \
+    const int smem = 1024 + ST * ((XR ? 16384 : 0) + NWG / 2 * REC) + (XR ? 0 : 16384) + 2 * ST * 8;              \
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                                   \
+    k<<<NB / (NWG / 2), 128 * NWG + 32, smem, st>>>((const uint8_t*)rec, (const uint8_t*)xq, KB, (float*)out);    \
+    return (int)cudaGetLastError();                                                                               \
+  }
+  RGB(0, 2, true, 5) RGB(1, 2, false, 5) RGB(2, 2, false, 8)
+#undef RGB
+  return (int)cudaErrorInvalidValue;
+}
+
 extern "C" int wg_bound_run(int v, int ctas, int records, void* out, void* clk, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
 #define WGB(I, NT, NWG, B, SS, OWNB, PIPE, DEC)                                                                \
@@ -202,6 +296,7 @@ def run(lib_path: str, out: str):
         per_rec = ns / (records * nwg / 2)  # a 128-channel record = two warpgroups' records
         rows.append(f"| {name} | {nt} | {per_wgmma:.1f} | {4 * nt} | {4 * nt / per_wgmma:.2f} | {per_rec:.0f} |")
         print(rows[-1], flush=True)
+    ring_rows = ring(lib, sms)
     text = "\n".join([
         f"# Bare wgmma loops: the tensor-core chain's bound (bench/wgmma_bound.py) — {datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; {sms} CTAs (one per SM), {records} records per warpgroup; commit "
@@ -211,9 +306,52 @@ def run(lib_path: str, out: str):
         "- clk/wgmma: clock64 over the loop (median CTA, best of 5 launches) / (records × warpgroups × 4); dense rate: "
         "4·NT clocks per m64n(8·NT)k16 per SM; ns/record: a 128-channel record per SM (the ws kernel's 746 ns at nt 16)",
         "", "| variant | nt | clk / wgmma | dense | fraction of dense | ns / 128-ch record / SM |",
-        "|---|---|---|---|---|---|", *rows]) + "\n"
+        "|---|---|---|---|---|---|", *rows, "", *ring_rows]) + "\n"
     Path(out, "wgmma_bound.md").write_text(text)
     print(text)
+
+
+RINGS = ["2 WG, records and X tiles through the ring (the ws kernel, no escapes or epilogue)",
+         "2 WG, records only (one X tile fixed in shared memory)",
+         "2 WG, records only, 8 stages"]
+
+
+def ring(lib, sms, n=151936, k=5120):
+    """The ring variants on a 151936×5120 W12 matrix of random bytes (M = 128: X tiles of 128 rows), beside the ws
+    kernel itself on a real encoded matrix of that shape (bench/kernels.Mat; do_bench as bench/kernels.py times)."""
+    import torch
+    from kernels import Mat, bench
+
+    from w12.kernels import gemm_cuda as gc
+    nb, kb = (n // 128) & ~1, k // 64
+    rec = torch.randint(0, 256, (nb, kb, 12288), dtype=torch.uint8, device="cuda")
+    xq = (torch.randn(kb * 128 * 64, device="cuda") * 0.1).to(torch.bfloat16)
+    out = torch.empty(nb * 544, device="cuda")
+    st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    rows = ["| ring variant (151936×5120 records, M = 128, nt = 16, 5 stages unless said) | µs | ns / 128-ch record / SM |",
+            "|---|---|---|"]
+    for v, name in enumerate(RINGS):
+        def call():
+            err = lib.ring_bound_run(v, ctypes.c_void_p(rec.data_ptr()), ctypes.c_void_p(xq.data_ptr()), nb, kb,
+                                     ctypes.c_void_p(out.data_ptr()), st)
+            if err:
+                raise RuntimeError(f"ring variant {v}: cudaError {err}")
+        us = bench(call)
+        rows.append(f"| {name} | {us:.1f} | {us * 1e3 * sms / (nb * kb):.0f} |")
+        print(rows[-1], flush=True)
+    del rec
+    torch.cuda.empty_cache()
+    mt = Mat(n, k, 7)
+    x = torch.randn(128, k, device="cuda").to(torch.bfloat16)
+    cfg = gc.dispatched_config(128, n, k)
+    us = bench(lambda: mt.run(x, cuda=cfg))
+    us_cb = bench(lambda: torch.matmul(x, mt.w.t()))
+    nrec = mt.records.shape[0] * kb
+    rows.append(f"| the ws kernel itself ({cfg}; escapes, epilogue, X reorder kernel) | {us:.1f} | "
+                f"{us * 1e3 * sms / nrec:.0f} |")
+    rows.append(f"| cuBLAS BF16 (torch.matmul) | {us_cb:.1f} | - |")
+    print(*rows[-2:], sep="\n", flush=True)
+    return rows
 
 
 def main():
