@@ -327,13 +327,13 @@ def ring(lib, sms, n=151936, k=5120):
     rec = torch.randint(0, 256, (nb, kb, 12288), dtype=torch.uint8, device="cuda")
     xq = (torch.randn(kb * 128 * 64, device="cuda") * 0.1).to(torch.bfloat16)
     out = torch.empty(nb * 544, device="cuda")
-    st = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     rows = ["| ring variant (151936×5120 records, M = 128, nt = 16, 5 stages unless said) | µs | ns / 128-ch record / SM |",
             "|---|---|---|"]
     for v, name in enumerate(RINGS):
         def call():
             err = lib.ring_bound_run(v, ctypes.c_void_p(rec.data_ptr()), ctypes.c_void_p(xq.data_ptr()), nb, kb,
-                                     ctypes.c_void_p(out.data_ptr()), st)
+                                     ctypes.c_void_p(out.data_ptr()),
+                                     ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))  # the capture's stream
             if err:
                 raise RuntimeError(f"ring variant {v}: cudaError {err}")
         us = bench(call)
