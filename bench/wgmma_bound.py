@@ -225,7 +225,8 @@ __global__ void __launch_bounds__(128 * NWG + 32, 1) ring_bound(const uint8_t* r
   out[blockIdx.x * blockDim.x + tid] = sum;
 }
 
-// ring variant v (0: 2 WG, records and X tiles; 1: records only; 2: records only, 8 stages) over NB record rows of KB
+// ring variant v (0: 2 WG, records and X tiles; 1: records only; 2: records only, 8 stages; 3, 4: records and X tiles,
+// 6 and 7 stages — the ws kernel's shared memory without its 64 KB of escape corrections) over NB record rows of KB
 // records.  (4 warpgroups on two record rows with the producer warp — 544 threads, 120 registers — made ptxas
 // serialize the wgmma: not built.)
 extern "C" int ring_bound_run(int v, const void* rec, const void* xq, int NB, int KB, void* out, void* stream) {
@@ -238,7 +239,7 @@ extern "C" int ring_bound_run(int v, const void* rec, const void* xq, int NB, in
     k<<<NB / (NWG / 2), 128 * NWG + 32, smem, st>>>((const uint8_t*)rec, (const uint8_t*)xq, KB, (float*)out);    \
     return (int)cudaGetLastError();                                                                               \
   }
-  RGB(0, 2, true, 5) RGB(1, 2, false, 5) RGB(2, 2, false, 8)
+  RGB(0, 2, true, 5) RGB(1, 2, false, 5) RGB(2, 2, false, 8) RGB(3, 2, true, 6) RGB(4, 2, true, 7)
 #undef RGB
   return (int)cudaErrorInvalidValue;
 }
@@ -313,7 +314,8 @@ def run(lib_path: str, out: str):
 
 RINGS = ["2 WG, records and X tiles through the ring (the ws kernel, no escapes or epilogue)",
          "2 WG, records only (one X tile fixed in shared memory)",
-         "2 WG, records only, 8 stages"]
+         "2 WG, records only, 8 stages",
+         "2 WG, records and X tiles, 6 stages", "2 WG, records and X tiles, 7 stages"]
 
 
 def ring(lib, sms, n=151936, k=5120):
