@@ -420,7 +420,11 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // loads after its last record, before the CTA barrier, and using them after it: same bits, M = 1 1.332 → 1.334, within
 // the spread; 60217aa, 2026-12-03-ab-early-x-barrier-m1-FAILED-h200-s26.md; X's rows of the CTA's records staged in
 // shared memory by cp.async at the start, for those escapes: same bits, M = 1 1.330 → 1.287 — every placement of the
-// copy loop cost one of the nt = 1 builds registers or a spill; 2fde574, 2026-12-04-ab-skinny-xs-stage-FAILED-h200-s28.md)
+// copy loop cost one of the nt = 1 builds registers or a spill; 2fde574, 2026-12-04-ab-skinny-xs-stage-FAILED-h200-s28.md;
+// ct channel tiles per CTA — the warps split into ct groups on the same records, so that each X line fetched from L2
+// serves ct tiles through L1 (X's L2 traffic at nt = 4 is 2.67× the weight bytes) — the same bits as the ct = 1
+// config with warps / ct warps, but slower on every shape at M = 8, 16 and 32 (ct 2: 3–40 %, ct 4 more; 6144×4096
+// M = 32 26.1 → 36.9 µs): fewer, longer CTAs cost more than the X traffic they save; 292ab9a, 2026-12-04-skinny-ct-FAILED-h200-s30.md)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
@@ -772,7 +776,13 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // releasing warp, six stages so that a slot keeps one parity — with five the faster pair met its slot two mbarrier
 // phases ahead and hung): deterministic, M = 128 0.716 → 0.602; twice the record chains per SM do not help, so the
 // bound is shared (wgmma with register A, or shared-memory bandwidth), not the chain's latency; 2fe2d08, d5718e4,
-// 2026-12-04-ab-ws-p2-FAILED-h200-s29.md.)
+// 2026-12-04-ab-ws-p2-FAILED-h200-s29.md.)  Where the chain's time goes at nt = 16 (bench/wgmma_bound.py, 151936×5120,
+// ns per record per SM, one run): the tensor cores alone 285 (register A, one record per commit and wait_group 0 run
+// at the dense rate: neither RS nor the wait per record is a cost); + the decode from shared memory 391 (349 with two
+// records per commit, as below; 298 with four warpgroups); + the ring carrying records and X tiles 606 (records only
+// 540, with 8 stages 507); the kernel itself (escapes, epilogue, X reorder kernel) 675, cuBLAS's 0.95 needs ~600.  So
+// the ring's streaming — 16 KB of X beside each 12 KB record, 5 stages because the escape corrections take 64 KB —
+// costs more than decode and wgmma together; 2026-12-04-wgmma-bound-h200-s30.md, -wgmma-ring-bound-h200-s30.md.
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
