@@ -825,17 +825,10 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// At NT = 16 the escape corrections live in registers (ws_escapes_r; 64 per thread, one CTA per SM) instead of
-// corr's 64 KB of shared memory, which buys the ring two more stages.
-template <int NT>
-__host__ __device__ constexpr bool ws_rcorr() {
-  return NT >= 16;
-}
-
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16
 template <int NT>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 7;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -844,9 +837,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 }
 
 template <int NT>
-size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT] (not at NT = 16), entries [8][ECAP], offsets [8][kps + 1], barriers
-  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + (ws_rcorr<NT>() ? 0 : 8 * 16 * 8 * NT * 4) + 8 * WS_ECAP * 8 +
-         8 * (kps + 1) * 4 + 2 * ws_stages<NT>() * 8;
+size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
+  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
+         2 * ws_stages<NT>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -924,34 +917,6 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
   }
 }
 
-// The same adds into registers (ws_rcorr): c has the accumulators' layout (lane (g, t) holds channels g, g + 8 of the
-// warp's 16 and X rows 8j + 2t, +1), so entry (rl, col) goes to the four lanes with g = rl % 8, each adding its 2·NT
-// rows: per (X row, channel) the same fmaf sequence in list order as ws_escapes, so the same bits.
-template <int NT>
-__device__ __forceinline__ void ws_escapes_r(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
-                                             const uint8_t* slot, const uint8_t* s_ew, float (&c)[NT][4], int g, int t) {
-  const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
-  for (int e = i0; e < i1; ++e) {
-    const uint2 en = my_ent[e];
-    const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
-    if ((rl & 7) != g) continue;
-    const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
-    const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
-    const bool hi = rl >= 8;
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const int m = 8 * j + 2 * t + b;
-        const float xv = __bfloat162float(__ushort_as_bfloat16(*reinterpret_cast<const uint16_t*>(slot + x_off(m, col))));
-        if (hi)
-          c[j][2 + b] = fmaf(xv, d, c[j][2 + b]);
-        else
-          c[j][b] = fmaf(xv, d, c[j][b]);
-      }
-  }
-}
-
 // A consumer warp's escape prologue (the second round trip left in flight): the per-record
 // offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
 // l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
@@ -970,8 +935,7 @@ __device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr,
     if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
     if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
   }
-  if (my_corr)
-    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
   __syncwarp();
 }
 
@@ -995,21 +959,6 @@ __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][
     red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
     red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
     red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
-  }
-}
-
-// The same with the corrections in registers (c: ws_escapes_r's layout): the same adds, so the same bits.
-template <int NT>
-__device__ __forceinline__ void ws_store_acc_r(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
-                                               const float (&c)[NT][4], int g, int t) {
-  const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int m = 8 * j + 2 * t;
-    red[m * 128 + g] = acc[j][0] * s0 + c[j][0];
-    red[(m + 1) * 128 + g] = acc[j][1] * s0 + c[j][1];
-    red[m * 128 + g + 8] = acc[j][2] * s1 + c[j][2];
-    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + c[j][3];
   }
 }
 
@@ -1038,11 +987,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets, int wfirst) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  constexpr bool RC = ws_rcorr<NT>();  // escape corrections in registers (cr), not in corr
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (!RC)
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + (RC ? 0 : 8 * 16 * MT));                    // [8][WS_ECAP]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
   int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
@@ -1067,11 +1015,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float cr[RC ? NT : 1][4];  // RC: the warp's escape corrections in the accumulators' layout (ws_escapes_r)
-#pragma unroll
-  for (int j = 0; j < (RC ? NT : 1); ++j) cr[j][0] = cr[j][1] = cr[j][2] = cr[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
-  float* my_corr = RC ? nullptr : corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
+  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
@@ -1101,13 +1046,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        if constexpr (RC) {
-          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, cr, g, t);
-          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, cr, g, t);
-        } else {
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
-        }
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
@@ -1128,10 +1068,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        if constexpr (RC)
-          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, cr, g, t);
-        else
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
@@ -1143,10 +1080,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    if constexpr (RC)
-      ws_store_acc_r<NT>(red, acc, s_e + 16 * warp, cr, g, t);
-    else
-      ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
+    ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
