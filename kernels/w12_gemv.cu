@@ -825,10 +825,19 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16
-template <int NT>
+// The escape corrections' shared memory (corr [8][16][MT] fp32): none for the 8-bit view at NT = 16, which has no
+// escapes and spends those 64 KB on two more ring stages.
+template <int NT, bool VIEW>
+__host__ __device__ constexpr int ws_corr_bytes() {
+  return VIEW && NT >= 16 ? 0 : 8 * 16 * 8 * NT * 4;
+}
+
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16 (the view: 7 stages in corr's place, its
+// M = 128 geomean 0.896 → 0.947 against 5 stages, same bits; 2026-12-04-ab-ws-rcorr-FAILED-h200-s30.md, where the
+// W12 kernel's corrections moved to registers spilled and were reverted)
+template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : VIEW ? 7 : 5;
 }
 
 template <int NT>
@@ -836,10 +845,10 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
   return 8 * NT * 128 + REC;
 }
 
-template <int NT>
+template <int NT, bool VIEW>
 size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
-  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 8 * 16 * 8 * NT * 4 + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4 +
-         2 * ws_stages<NT>() * 8;
+  return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + ws_corr_bytes<NT, VIEW>() + 8 * WS_ECAP * 8 +
+         8 * (kps + 1) * 4 + 2 * ws_stages<NT, VIEW>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -935,7 +944,8 @@ __device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr,
     if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
     if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
   }
-  for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  if (ws_corr_bytes<MT / 8, VIEW>() > 0)
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
   __syncwarp();
 }
 
@@ -947,18 +957,19 @@ __device__ __forceinline__ void ws_stage_entries(uint2* my_ent, const uint2 (&en
 }
 
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
-// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]).
-template <int NT>
+// layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]; !CORR: + 0).
+template <int NT, bool CORR>
 __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
                                              const float* my_corr, int g, int t) {
   const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + 2 * t;
-    red[m * 128 + g] = acc[j][0] * s0 + my_corr[m * 16 + g];
-    red[(m + 1) * 128 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
-    red[m * 128 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
-    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
+    auto corr = [&](int mm, int r) { return CORR ? my_corr[mm * 16 + r] : 0.f; };  // + 0.f as with corr: same bits
+    red[m * 128 + g] = acc[j][0] * s0 + corr(m, g);
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + corr(m + 1, g);
+    red[m * 128 + g + 8] = acc[j][2] * s1 + corr(m, g + 8);
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + corr(m + 1, g + 8);
   }
 }
 
@@ -986,11 +997,12 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets, int wfirst) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT]
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + 8 * 16 * MT);                               // [8][WS_ECAP]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (CORR)
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                  // [8][WS_ECAP]
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
   int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
@@ -1016,7 +1028,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
-  float* my_corr = corr + (warp & 7) * 16 * MT;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
+  float* my_corr = CORR ? corr + (warp & 7) * 16 * MT : nullptr;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
@@ -1080,7 +1092,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    ws_store_acc<NT>(red, acc, s_e + 16 * warp, my_corr, g, t);
+    ws_store_acc<NT, CORR>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
@@ -1092,10 +1104,10 @@ template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st, int wfirst) {
-  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT, VIEW>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
-  const size_t smem = ws_smem<NT>(kps);
+  const size_t smem = ws_smem<NT, VIEW>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
