@@ -825,19 +825,21 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
-// The escape corrections' shared memory (corr [8][16][MT] fp32): none for the 8-bit view at NT = 16, which has no
-// escapes and spends those 64 KB on two more ring stages.
+// The escapes' shared memory — corr [8][16][MT] fp32, staged entries [8][ECAP], per-record offsets [8][kps + 1] — is
+// W12's only: the 8-bit view has no escapes and spends it on a deeper ring.
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_corr_bytes() {
-  return VIEW && NT >= 16 ? 0 : 8 * 16 * 8 * NT * 4;
+  return VIEW ? 0 : 8 * 16 * 8 * NT * 4;
 }
 
-// ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16 (the view: 7 stages in corr's place, its
-// M = 128 geomean 0.896 → 0.947 against 5 stages, same bits; 2026-12-04-ab-ws-rcorr-FAILED-h200-s30.md, where the
-// W12 kernel's corrections moved to registers spilled and were reverted)
+// ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16.  The view, in the escapes' place: 7
+// stages at NT = 16 (its M = 128 geomean 0.906 → 0.961 against 5, same bits, 2026-12-04-ab-ws-view7-h200-s30.md;
+// first seen in -ab-ws-rcorr-FAILED-h200-s30.md, where W12's corrections moved to registers spilled and were reverted),
+// and up to NT = 8 as many as W12's ~100 KB hold.
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : VIEW ? 7 : 5;
+  if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -846,9 +848,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 }
 
 template <int NT, bool VIEW>
-size_t ws_smem(int kps) {  // 1024-aligned ring, corr [8][16][MT], entries [8][ECAP], offsets [8][kps + 1], barriers
-  return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + ws_corr_bytes<NT, VIEW>() + 8 * WS_ECAP * 8 +
-         8 * (kps + 1) * 4 + 2 * ws_stages<NT, VIEW>() * 8;
+size_t ws_smem(int kps) {  // 1024-aligned ring, (W12:) corr [8][16][MT] and entries [8][ECAP], barriers, (W12:) offsets [8][kps + 1]
+  return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + 2 * ws_stages<NT, VIEW>() * 8 +
+         (VIEW ? 0 : ws_corr_bytes<NT, VIEW>() + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4);
 }
 
 // ---- the ws kernel's pieces
@@ -1002,10 +1004,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (CORR)
-  uint2* s_ent = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                  // [8][WS_ECAP]
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + 8 * WS_ECAP);                         // [STAGES]
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                  // [8][WS_ECAP] (W12)
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (VIEW ? 0 : 8 * WS_ECAP));            // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1] (W12)
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
