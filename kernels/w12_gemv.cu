@@ -1007,7 +1007,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   uint2* s_ent = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                  // [8][WS_ECAP] (W12)
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (VIEW ? 0 : 8 * WS_ECAP));            // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1] (W12)
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
