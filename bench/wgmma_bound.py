@@ -149,24 +149,24 @@ __global__ void __launch_bounds__(128 * NWG, 1) wg_bound(int records, float* out
 }
 }  // namespace
 
-// The ws kernel's ring without escapes or epilogue: a producer warp bulk-copies each record (ROWS record rows: one
-// per pair of warpgroups) and, with XRING, its X tile into slot i % STAGES; NWG consumer warpgroups decode and run
-// wgmma two records per commit as the ws kernel does at nt = 16, then release the slots.  !XRING: one X tile fixed in
-// shared memory (the ring carries the records only).
-template <int NWG, bool XRING, int STAGES>
-__global__ void __launch_bounds__(128 * NWG + 32, 1) ring_bound(const uint8_t* rec, const uint8_t* xq, int KB, float* out) {
-  constexpr int NT = 16, XB = 128 * 128, ROWS = NWG / 2, SLOT = (XRING ? XB : 0) + ROWS * REC;
+// The ws kernel's ring without escapes or epilogue, one record row per CTA: a producer warp bulk-copies each record
+// and, with XRING, its X tile into slot i % STAGES; two consumer warpgroups decode and run wgmma two records per
+// commit as the ws kernel does at nt = 16, then release the slots.  !XRING: one X tile fixed in shared memory (the
+// ring carries the records only).  (4 warpgroups on two record rows — 544 threads, 120 registers — made ptxas
+// serialize the wgmma: not built.)
+template <bool XRING, int STAGES>
+__global__ void __launch_bounds__(288, 1) ring_bound(const uint8_t* rec, const uint8_t* xq, int KB, float* out) {
+  constexpr int NT = 16, XB = 128 * 128, SLOT = (XRING ? XB : 0) + REC;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);
   uint8_t* xfix = ring + STAGES * SLOT;
   uint64_t* full = reinterpret_cast<uint64_t*>(xfix + (XRING ? 0 : XB));
   uint64_t* empty = full + STAGES;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int nb0 = blockIdx.x * ROWS;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, 4 * NWG);
+      mbar_init(empty + s, 8);
     }
     mbar_init_fence();
   }
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(128 * NWG + 32, 1) ring_bound(const uint8_t* r
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  if (warp == 4 * NWG) {  // producer
+  if (warp == 8) {  // producer
     uint64_t first;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
     for (int i = 0; i < KB; ++i) {
@@ -186,16 +186,14 @@ __global__ void __launch_bounds__(128 * NWG + 32, 1) ring_bound(const uint8_t* r
         uint8_t* slot = ring + s * SLOT;
         mbar_expect(full + s, SLOT);
         if (XRING) bulk_g2s(slot, xq + (size_t)i * XB, XB, full + s);
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-          bulk_g2s(slot + (XRING ? XB : 0) + r * REC, rec + ((size_t)(nb0 + r) * KB + i) * REC, REC, full + s, first);
+        bulk_g2s(slot + (XRING ? XB : 0), rec + ((size_t)blockIdx.x * KB + i) * REC, REC, full + s, first);
       }
       __syncwarp();
     }
-  } else {  // consumers: warpgroup w takes record row w / 2, channels 64·(w % 2) ..
-    const int off = (XRING ? XB : 0) + (warp / 8) * REC, wr = warp & 7;
-    const int v0 = off + (16 * wr + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-    const int n0 = off + VIEW_BYTES + (16 * wr + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  } else {  // consumers: warp w decodes channels 16w .. 16w + 15
+    const int off = XRING ? XB : 0;
+    const int v0 = off + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+    const int n0 = off + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
     for (int i = 0; i + 1 < KB; i += 2) {
       const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
@@ -225,21 +223,19 @@ __global__ void __launch_bounds__(128 * NWG + 32, 1) ring_bound(const uint8_t* r
   out[blockIdx.x * blockDim.x + tid] = sum;
 }
 
-// ring variant v (0: 2 WG, records and X tiles; 1: records only; 2: records only, 8 stages; 3, 4: records and X tiles,
-// 6 and 7 stages — the ws kernel's shared memory without its 64 KB of escape corrections) over NB record rows of KB
-// records.  (4 warpgroups on two record rows with the producer warp — 544 threads, 120 registers — made ptxas
-// serialize the wgmma: not built.)
+// ring variant v (0: records and X tiles; 1: records only; 2: records only, 8 stages; 3, 4: records and X tiles, 6 and
+// 7 stages — the ws kernel's shared memory without its 64 KB of escape corrections) over NB record rows of KB records.
 extern "C" int ring_bound_run(int v, const void* rec, const void* xq, int NB, int KB, void* out, void* stream) {
   cudaStream_t st = (cudaStream_t)stream;
-#define RGB(I, NWG, XR, ST)                                                                                       \
+#define RGB(I, XR, ST)                                                                                            \
   if (v == I) {                                                                                                   \
-    auto k = ring_bound<NWG, XR, ST>;                                                                             \
-    const int smem = 1024 + ST * ((XR ? 16384 : 0) + NWG / 2 * REC) + (XR ? 0 : 16384) + 2 * ST * 8;              \
+    auto k = ring_bound<XR, ST>;                                                                                  \
+    const int smem = 1024 + ST * ((XR ? 16384 : 0) + REC) + (XR ? 0 : 16384) + 2 * ST * 8;                        \
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);                                   \
-    k<<<NB / (NWG / 2), 128 * NWG + 32, smem, st>>>((const uint8_t*)rec, (const uint8_t*)xq, KB, (float*)out);    \
+    k<<<NB, 288, smem, st>>>((const uint8_t*)rec, (const uint8_t*)xq, KB, (float*)out);                           \
     return (int)cudaGetLastError();                                                                               \
   }
-  RGB(0, 2, true, 5) RGB(1, 2, false, 5) RGB(2, 2, false, 8) RGB(3, 2, true, 6) RGB(4, 2, true, 7)
+  RGB(0, true, 5) RGB(1, false, 5) RGB(2, false, 8) RGB(3, true, 6) RGB(4, true, 7)
 #undef RGB
   return (int)cudaErrorInvalidValue;
 }
@@ -325,10 +321,10 @@ def ring(lib, sms, n=151936, k=5120):
     from kernels import Mat, bench
 
     from w12.kernels import gemm_cuda as gc
-    nb, kb = (n // 128) & ~1, k // 64
+    nb, kb = n // 128, k // 64
     rec = torch.randint(0, 256, (nb, kb, 12288), dtype=torch.uint8, device="cuda")
     xq = (torch.randn(kb * 128 * 64, device="cuda") * 0.1).to(torch.bfloat16)
-    out = torch.empty(nb * 544, device="cuda")
+    out = torch.empty(nb * 288, device="cuda")
     rows = ["| ring variant (151936×5120 records, M = 128, nt = 16, 5 stages unless said) | µs | ns / 128-ch record / SM |",
             "|---|---|---|"]
     for v, name in enumerate(RINGS):
