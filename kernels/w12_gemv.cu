@@ -781,8 +781,12 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // at the dense rate: neither RS nor the wait per record is a cost); + the decode from shared memory 391 (349 with two
 // records per commit, as below; 298 with four warpgroups); + the ring carrying records and X tiles 606 (records only
 // 540, with 8 stages 507); the kernel itself (escapes, epilogue, X reorder kernel) 675, cuBLAS's 0.95 needs ~600.  So
-// the ring's streaming — 16 KB of X beside each 12 KB record, 5 stages because the escape corrections take 64 KB —
-// costs more than decode and wgmma together; 2026-12-04-wgmma-bound-h200-s30.md, -wgmma-ring-bound-h200-s30.md.
+// the ring's streaming — 16 KB of X beside each 12 KB record — costs more than decode and wgmma together.  Depth
+// helps the records alone but not records with X tiles in the bare ring (587 → 608 → 614 at 5/6/7 stages,
+// -wgmma-ring-stages-h200-s30.md; another machine: 520 → 567 → 599, -rerun.md), though the view kernel gained 6 % at
+// M = 128 from 7 stages (ws_stages).  W12 has no room for them: its escape corrections take 64 KB, and holding them in
+// registers instead spilled (168-register cap at 288 threads; M = 128 0.716 → 0.462, -ab-ws-rcorr-FAILED-h200-s30.md).
+// 2026-12-04-wgmma-bound-h200-s30.md, -wgmma-ring-bound-h200-s30.md.
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
