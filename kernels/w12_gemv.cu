@@ -341,25 +341,15 @@ __device__ __forceinline__ void store_acc(float* red, const float (&acc)[NT][4],
 // bf16 store, consecutive threads at consecutive n.
 // MMAJOR: cta_red is [MT][CH] instead (the ws kernel): the store loop's shared-memory reads, consecutive r across a
 // warp, are then consecutive words, where [CH][MT] puts them MT words apart (one bank: 32-way conflicts at MT = 128).
-template <int CH, int MT, int THREADS, bool MMAJOR>
-__device__ __forceinline__ void store_tile(const float* cta_red, int tix, __nv_bfloat16* y, int ldy, int N, int n0,
-                                           int m0, int mcount);
 template <int CH, int MT, int THREADS, bool MMAJOR = false>
 __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int S, int* s_last,
                                             __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
   if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
     return;
   __syncthreads();
-  store_tile<CH, MT, THREADS, MMAJOR>(cta_red, threadIdx.x, y, ldy, N, n0, m0, mcount);
-}
-
-// The bf16 store of finish_tile, by threads tix = 0 .. THREADS − 1.
-template <int CH, int MT, int THREADS, bool MMAJOR>
-__device__ __forceinline__ void store_tile(const float* cta_red, int tix, __nv_bfloat16* y, int ldy, int N, int n0,
-                                           int m0, int mcount) {
   if (MMAJOR && n0 + CH <= N && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0) {
     // eight channels per thread: two 16-byte shared loads, one 16-byte store (the same roundings as below)
-    for (int idx = tix; idx < CH / 8 * mcount; idx += THREADS) {
+    for (int idx = threadIdx.x; idx < CH / 8 * mcount; idx += THREADS) {
       const int r = 8 * (idx % (CH / 8)), m = idx / (CH / 8);
       const float4 a = *reinterpret_cast<const float4*>(cta_red + m * CH + r);
       const float4 b = *reinterpret_cast<const float4*>(cta_red + m * CH + r + 4);
@@ -369,7 +359,7 @@ __device__ __forceinline__ void store_tile(const float* cta_red, int tix, __nv_b
     }
     return;
   }
-  for (int idx = tix; idx < CH * mcount; idx += THREADS) {
+  for (int idx = threadIdx.x; idx < CH * mcount; idx += THREADS) {
     const int r = idx % CH, m = idx / CH, n = n0 + r;
     if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(cta_red[MMAJOR ? m * CH + r : r * MT + m]);
   }
@@ -868,7 +858,7 @@ constexpr size_t ws_smem() {  // 1024-aligned ring, barriers
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane, bool wfirst, int q0 = 0) {
+                                           int lane, bool wfirst) {
   uint64_t first;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
@@ -876,8 +866,8 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
   const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
   for (int i = 0; i < nrec; ++i) {
-    const int q = q0 + i, s = q % STAGES;  // q: the ring's running record count (q0 records before this tile's)
-    if (q >= STAGES) mbar_wait(empty + s, ((q / STAGES) - 1) & 1);  // the consumers are done with the slot
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, XB + WBYTES);
@@ -974,53 +964,6 @@ __device__ __forceinline__ void ws_escapes(float* red, const uint8_t* s_ew, int 
   __syncwarp();
 }
 
-// A consumer warp's main loop: nrec records from the ring (q0: the ring's running record count before them), acc +=
-// A · X per record, each slot released on `empty` once the warp's wgmma are done with it.
-template <int NT, bool VIEW, int STAGES>
-__device__ __forceinline__ void ws_consume(float (&acc)[NT][4], uint8_t* ring, uint64_t* full, uint64_t* empty,
-                                           int nrec, int v0, int v1, int n0, int n1, uint32_t nkeep, int lane,
-                                           int q0 = 0) {
-  constexpr int SLOT = ws_slot<NT>();
-  int i = 0;
-  // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
-  // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
-  // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
-  for (; NT >= 16 && i + 1 < nrec; i += 2) {
-    const int s0 = (q0 + i) % STAGES, s1 = (q0 + i + 1) % STAGES;
-    const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
-    uint32_t fa[4][4], fb[4][4];
-    mbar_wait(full + s0, ((q0 + i) / STAGES) & 1);
-    ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
-    mbar_wait(full + s1, ((q0 + i + 1) / STAGES) & 1);
-    ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
-    fence_acc(acc);
-    wg_fence();
-    ws_mma<NT>(acc, fa, saddr(slot0));
-    ws_mma<NT>(acc, fb, saddr(slot1));
-    wg_commit();
-    wg_wait0();
-    __syncwarp();
-    if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma)
-      mbar_arrive(empty + s0);
-      mbar_arrive(empty + s1);
-    }
-  }
-  for (; i < nrec; ++i) {
-    const int s = (q0 + i) % STAGES;
-    mbar_wait(full + s, ((q0 + i) / STAGES) & 1);
-    const uint8_t* slot = ring + s * SLOT;
-    uint32_t fa[4][4];
-    ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-    fence_acc(acc);
-    wg_fence();
-    ws_mma<NT>(acc, fa, saddr(slot));
-    wg_commit();
-    wg_wait0();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
-  }
-}
-
 template <int NT, bool VIEW>
 __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
@@ -1064,7 +1007,44 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       e_lo = __ldg(toff + (long)(nb * 8 + warp) * KB + a);
       e_hi = __ldg(toff + (long)(nb * 8 + warp) * KB + b);
     }
-    ws_consume<NT, VIEW, STAGES>(acc, ring, full, empty, nrec, v0, v1, n0, n1, nkeep, lane);
+    int i = 0;
+    // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
+    // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
+    // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
+    for (; NT >= 16 && i + 1 < nrec; i += 2) {
+      const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
+      const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
+      uint32_t fa[4][4], fb[4][4];
+      mbar_wait(full + s0, (i / STAGES) & 1);
+      ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
+      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
+      ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot0));
+      ws_mma<NT>(acc, fb, saddr(slot1));
+      wg_commit();
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma)
+        mbar_arrive(empty + s0);
+        mbar_arrive(empty + s1);
+      }
+    }
+    for (; i < nrec; ++i) {
+      const int s = i % STAGES;
+      mbar_wait(full + s, (i / STAGES) & 1);
+      const uint8_t* slot = ring + s * SLOT;
+      uint32_t fa[4][4];
+      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+      fence_acc(acc);
+      wg_fence();
+      ws_mma<NT>(acc, fa, saddr(slot));
+      wg_commit();
+      wg_wait0();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
+    }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
   __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
@@ -1077,82 +1057,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
-}
-
-
-// The persistent form of the ws kernel (split 1): one CTA per SM takes the tiles blockIdx.x, + gridDim.x, … (tile =
-// mb · NB + nb), its ring running on across tiles, so that the producer streams the next tile's records while the
-// consumers finish the last one — a CTA's start (barriers, the ring's first fill, ~2–4 µs) is paid once per SM, not
-// once per tile.  The sums go to their own [MT][128] region (the ring is busy with the next tile), and the consumers
-// meet at a named barrier (the producer is not in it).  Same arithmetic in the same order as w12_gemm_ws_kernel with
-// split 1: the same bits.
-template <int NT>
-__host__ __device__ constexpr int wsp_stages() {
-  return 5;
-}
-template <int NT>
-constexpr size_t wsp_smem() {  // 1024-aligned ring, sums [MT][128] fp32, barriers
-  return 1024 + (size_t)wsp_stages<NT>() * ws_slot<NT>() + 128 * 8 * NT * 4 + 2 * wsp_stages<NT>() * 8;
-}
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
-
-template <int NT, bool VIEW>
-__global__ void __launch_bounds__(WS_THREADS, 1) w12_gemm_wsp_kernel(
-    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
-    const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
-    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int NB, int KB, int tiles,
-    int wfirst) {
-  constexpr int MT = 8 * NT, STAGES = wsp_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* sums = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [MT][128]
-  uint64_t* full = reinterpret_cast<uint64_t*>(sums + MT * 128);                             // [STAGES]
-  uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  __shared__ __align__(16) uint8_t s_e[128];
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 8);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (warp == 8) {  // ---- producer: every tile's records, one running ring
-    int q = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, q += KB)
-      ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, tile % NB, KB, 0, KB, Mpad, (tile / NB) * MT, lane,
-                                   wfirst != 0, q);
-    return;
-  }
-  const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const uint32_t nkeep = nib_keep(t);
-  uint8_t* my_e = s_e + 16 * warp;  // the exponents of the warp's 16 channels
-  int q = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, q += KB) {
-    const int nb = tile % NB, m0 = (tile / NB) * MT, mcount = min(MT, M - m0);
-    if (lane == 0) *reinterpret_cast<uint4*>(my_e) = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + warp);
-    int e_lo = 0, e_hi = 0;
-    if (!VIEW) {
-      e_lo = __ldg(toff + (long)(nb * 8 + warp) * KB);
-      e_hi = __ldg(toff + (long)(nb * 8 + warp) * KB + KB);
-    }
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    ws_consume<NT, VIEW, STAGES>(acc, ring, full, empty, KB, v0, v1, n0, n1, nkeep, lane, q);
-    fence_acc(acc);
-    __syncwarp();
-    ws_store_acc<NT>(sums + 16 * warp, acc, my_e, g, t);
-    __syncwarp();
-    if (!VIEW) ws_escapes<MT>(sums + 16 * warp, my_e, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
-    consumers_sync();  // the tile's sums complete
-    store_tile<128, MT, 256, true>(sums, tid, y, ldy, N, nb * 128, m0, mcount);
-    consumers_sync();  // sums free for the next tile
-  }
 }
 
 template <int NT, bool VIEW>
@@ -1172,22 +1076,6 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
-  if constexpr (NT == 16) if (split == 1) {
-    auto pk = w12_gemm_wsp_kernel<NT, VIEW>;
-    static bool pset = false;
-    static int sms = 0;
-    if (!pset) {
-      cudaError_t e = cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsp_smem<NT>());
-      if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-      if (e != cudaSuccess) return e;
-      pset = true;
-    }
-    const int tiles = NB * mtiles;
-    pk<<<min(tiles, sms), WS_THREADS, wsp_smem<NT>(), st>>>(
-        (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-        (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, NB, KB, tiles, wfirst);
-    return cudaGetLastError();
-  }
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
