@@ -833,9 +833,10 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
 // stages at NT = 16 (its M = 128 geomean 0.906 → 0.961 against 5, same bits, 2026-12-04-ab-ws-view7-h200-s30.md;
 // first seen in -ab-ws-rcorr-FAILED-h200-s30.md, where W12's corrections moved to registers spilled and were reverted),
 // and up to NT = 8 as many as W12's ~100 KB hold.
-template <int NT>
+template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
+  if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -843,9 +844,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
   return 8 * NT * 128 + REC;
 }
 
-template <int NT>
+template <int NT, bool VIEW>
 constexpr size_t ws_smem() {  // 1024-aligned ring, barriers
-  return 1024 + (size_t)ws_stages<NT>() * ws_slot<NT>() + 2 * ws_stages<NT>() * 8;
+  return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + 2 * ws_stages<NT, VIEW>() * 8;
 }
 
 // ---- the ws kernel's pieces
@@ -970,7 +971,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets, int wfirst) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + STAGES * SLOT);                        // [STAGES]
@@ -1063,9 +1064,9 @@ template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
                       void* xq, cudaStream_t st, int wfirst) {
-  static_assert(128 * 8 * NT * 4 <= ws_stages<NT>() * ws_slot<NT>(), "the sums fit in the ring");
+  static_assert(128 * 8 * NT * 4 <= ws_stages<NT, VIEW>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
-  const size_t smem = ws_smem<NT>();
+  const size_t smem = ws_smem<NT, VIEW>();
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
