@@ -819,13 +819,31 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
 // X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
 // in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
 // rows m ≥ M are zero.  One thread per 32-bit word.
-__global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq, int M,
-                                int Mpad, int K) {
-  const int words = K / 2;  // 32-bit column pairs per row
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)Mpad * words; i += (long)gridDim.x * blockDim.x) {
-    const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, d = wg_word(w & 31);
-    const uint32_t v = m < M ? reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w] : 0u;
-    xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;
+// With xt (W12): also X transposed, xt[col][m] (K rows of Mpad bf16), for the epilogue's escapes — one column of X is
+// then 2·Mpad contiguous bytes, where X itself puts its rows in Mpad cache lines.  One block per 64 columns (kb),
+// the transpose through a shared tile.
+constexpr int WS_XT_MAX = 128;  // Mpad ≤ 128 (nt ≤ 16, one M tile)
+__global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq,
+                                uint32_t* __restrict__ xt, int M, int Mpad, int K) {
+  __shared__ uint16_t tile[64][WS_XT_MAX + 2];  // [column][m]; + 2: a row is 65 words, rows on different banks
+  for (int kb = blockIdx.x; kb < K / 64; kb += gridDim.x) {
+    for (int i = threadIdx.x; i < Mpad * 32; i += blockDim.x) {
+      const int m = i >> 5, w = i & 31, d = wg_word(w);
+      const uint32_t v = m < M ? reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx + 64 * kb)[w] : 0u;
+      xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;
+      if (xt) {
+        tile[2 * w][m] = (uint16_t)(v & 0xFFFFu);
+        tile[2 * w + 1][m] = (uint16_t)(v >> 16);
+      }
+    }
+    if (xt) {
+      __syncthreads();
+      for (int i = threadIdx.x; i < 32 * Mpad; i += blockDim.x) {
+        const int c = i / (Mpad / 2), mp = i % (Mpad / 2);
+        xt[(size_t)(64 * kb + c) * (Mpad / 2) + mp] = (uint32_t)tile[c][2 * mp] | (uint32_t)tile[c][2 * mp + 1] << 16;
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -926,7 +944,7 @@ __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][
 // base + l of a round of 32 and the X rows l, l + 32, …; the X loads of WS_EB entries are all issued before their adds.
 template <int MT>
 __device__ __forceinline__ void ws_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi, const int32_t* tent,
-                                           const __nv_bfloat16* x, int ldx, int m0, int mcount, int lane) {
+                                           const __nv_bfloat16* xt, int Mpad, int m0, int mcount, int lane) {
   constexpr int R = (MT + 31) / 32;  // X rows per lane
   for (int base = e_lo; base < e_hi; base += 32) {
     const int n = min(32, e_hi - base);
@@ -947,7 +965,7 @@ __device__ __forceinline__ void ws_escapes(float* red, const uint8_t* s_ew, int 
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const int m = lane + 32 * r;
-          xv[e][r] = j0 + e < n && m < mcount ? __bfloat162float(x[(size_t)(m0 + m) * ldx + ce]) : 0.f;
+          xv[e][r] = j0 + e < n && m < mcount ? __bfloat162float(xt[(size_t)ce * Mpad + m0 + m]) : 0.f;
         }
       }
 #pragma unroll
@@ -1054,7 +1072,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
     ws_store_acc<NT>(red, acc, s_e + 16 * warp, g, t);
     __syncwarp();
-    if (!VIEW) ws_escapes<MT>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
+    if (!VIEW) {
+      const __nv_bfloat16* xt = reinterpret_cast<const __nv_bfloat16*>(xq + (size_t)Mpad * KB * 128);
+      ws_escapes<MT>(red, s_e + 16 * warp, e_lo, e_hi, tent, xt, Mpad, m0, mcount, lane);
+    }
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
@@ -1074,9 +1095,9 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
     set = smem;
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
-  const long words = (long)mpad * KB * 32;
-  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
-                                                                        M, mpad, KB * 64);
+  if (mpad > WS_XT_MAX && !VIEW) return cudaErrorInvalidValue;
+  uint32_t* xt = VIEW ? nullptr : (uint32_t*)xq + (size_t)mpad * KB * 32;  // after xq: [K][mpad] bf16
+  w12_x_ws_kernel<<<KB, 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq, xt, M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
