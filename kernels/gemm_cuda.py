@@ -442,7 +442,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     if isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
-        xq = torch.empty(2 * mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order, then X^T (w12_x_ws_kernel)
+        xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first))

@@ -787,7 +787,7 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // M = 128 from 7 stages (ws_stages).  W12 has no room for them: its escape corrections take 64 KB, and holding them in
 // registers instead spilled (168-register cap at 288 threads; M = 128 0.716 → 0.462, -ab-ws-rcorr-FAILED-h200-s30.md).
 // 2026-12-04-wgmma-bound-h200-s30.md, -wgmma-ring-bound-h200-s30.md.
-constexpr int WS_THREADS = 288, WS_EB = 8;  // 8 consumer warps + the producer; escapes per batch of X loads
+constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -819,32 +819,21 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
 // X for the ws kernel: xq[kb][m][·] (m < Mpad, 128 bytes per row) = X[m, 64·kb .. 64·kb + 63] with the column pairs
 // in wgmma k order (wg_word) and the 16-byte chunk q of row m at chunk q ^ (m & 7) — the image of a swizzled X stage;
 // rows m ≥ M are zero.  One thread per 32-bit word.
-// With xt (W12): also X transposed, xt[col][m] (K rows of Mpad bf16), for the epilogue's escapes — one column of X is
-// then 2·Mpad contiguous bytes, where X itself puts its rows in Mpad cache lines.  One block per 64 columns (kb),
-// the transpose through a shared tile.
-constexpr int WS_XT_MAX = 128;  // Mpad ≤ 128 (nt ≤ 16, one M tile)
-__global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq,
-                                uint32_t* __restrict__ xt, int M, int Mpad, int K) {
-  __shared__ uint16_t tile[64][WS_XT_MAX + 2];  // [column][m]; + 2: a row is 65 words, rows on different banks
-  for (int kb = blockIdx.x; kb < K / 64; kb += gridDim.x) {
-    for (int i = threadIdx.x; i < Mpad * 32; i += blockDim.x) {
-      const int m = i >> 5, w = i & 31, d = wg_word(w);
-      const uint32_t v = m < M ? reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx + 64 * kb)[w] : 0u;
-      xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;
-      if (xt) {
-        tile[2 * w][m] = (uint16_t)(v & 0xFFFFu);
-        tile[2 * w + 1][m] = (uint16_t)(v >> 16);
-      }
-    }
-    if (xt) {
-      __syncthreads();
-      for (int i = threadIdx.x; i < 32 * Mpad; i += blockDim.x) {
-        const int c = i / (Mpad / 2), mp = i % (Mpad / 2);
-        xt[(size_t)(64 * kb + c) * (Mpad / 2) + mp] = (uint32_t)tile[c][2 * mp] | (uint32_t)tile[c][2 * mp + 1] << 16;
-      }
-      __syncthreads();
-    }
+__global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq, int M,
+                                int Mpad, int K) {
+  const int words = K / 2;  // 32-bit column pairs per row
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)Mpad * words; i += (long)gridDim.x * blockDim.x) {
+    const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, d = wg_word(w & 31);
+    const uint32_t v = m < M ? reinterpret_cast<const uint32_t*>(x + (size_t)m * ldx)[w] : 0u;
+    xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;
   }
+}
+
+// The escapes' shared memory — corr [8][16][MT] fp32, staged entries [8][ECAP], per-record offsets [8][kps + 1] — is
+// W12's only: the 8-bit view has no escapes and spends it on a deeper ring.
+template <int NT, bool VIEW>
+__host__ __device__ constexpr int ws_corr_bytes() {
+  return VIEW ? 0 : 8 * 16 * 8 * NT * 4;
 }
 
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16.  The view, in the escapes' place: 7
@@ -854,7 +843,7 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
   if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 4 : 6;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -863,8 +852,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 }
 
 template <int NT, bool VIEW>
-constexpr size_t ws_smem() {  // 1024-aligned ring, barriers
-  return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + 2 * ws_stages<NT, VIEW>() * 8;
+size_t ws_smem(int kps) {  // 1024-aligned ring, (W12:) corr [8][16][MT] and entries [8][ECAP], barriers, (W12:) offsets [8][kps + 1]
+  return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + 2 * ws_stages<NT, VIEW>() * 8 +
+         (VIEW ? 0 : ws_corr_bytes<NT, VIEW>() + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4);
 }
 
 // ---- the ws kernel's pieces
@@ -924,63 +914,87 @@ __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)
   for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
 }
 
+// Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
+// (s_ew: the tile's 16 exponents).
+template <int MT>
+__device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
+                                           const uint8_t* slot, const uint8_t* s_ew, float* my_corr, int lane) {
+  const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
+  for (int e = i0; e < i1; ++e) {
+    const uint2 en = my_ent[e];
+    const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+    const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+    const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
+    for (int m = lane; m < MT; m += 32) {
+      const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+      my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
+    }
+  }
+}
+
+// A consumer warp's escape prologue (the second round trip left in flight): the per-record
+// offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
+// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
+static_assert(WS_ECAP == 64, "two staged entries per lane");
+template <int MT, bool VIEW>
+__device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr, const int32_t* toff, const int32_t* tent,
+                                                   int c, int KB, int a, int nrec, int lane, int& e_lo, int& e_hi,
+                                                   uint2 (&ent)[2]) {
+  ent[0] = ent[1] = make_uint2(0u, 0u);
+  if constexpr (!VIEW) {
+    for (int i = lane; i <= nrec; i += 32) my_toff[i] = __ldg(toff + (long)c * KB + a + i);
+    __syncwarp();
+    e_lo = my_toff[0];
+    e_hi = my_toff[nrec];
+    const int cnt = min(WS_ECAP, e_hi - e_lo);
+    if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
+    if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
+  }
+  if (ws_corr_bytes<MT / 8, VIEW>() > 0)
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
+  __syncwarp();
+}
+
+// The staged entries into shared memory (n = e_hi − e_lo), before the first record's escapes.
+__device__ __forceinline__ void ws_stage_entries(uint2* my_ent, const uint2 (&ent)[2], int n, int lane) {
+  if (lane < n) my_ent[lane] = ent[0];
+  if (lane + 32 < n && lane + 32 < WS_ECAP) my_ent[lane + 32] = ent[1];
+  __syncwarp();
+}
+
 // A warp's outputs before the late escapes: red[m·128 + channel] = sum · 2^(E_n − 127) + corr[m][channel] (the wgmma D
 // layout: channels g, g + 8 of its 16, X rows 8j + 2t, +1; s_ew: its 16 exponents, my_corr [MT][16]; !CORR: + 0).
-template <int NT>
-__device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew, int g, int t) {
+template <int NT, bool CORR>
+__device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
+                                             const float* my_corr, int g, int t) {
   const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = 8 * j + 2 * t;
-    red[m * 128 + g] = acc[j][0] * s0;
-    red[(m + 1) * 128 + g] = acc[j][1] * s0;
-    red[m * 128 + g + 8] = acc[j][2] * s1;
-    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1;
+    auto corr = [&](int mm, int r) { return CORR ? my_corr[mm * 16 + r] : 0.f; };  // + 0.f as with corr: same bits
+    red[m * 128 + g] = acc[j][0] * s0 + corr(m, g);
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + corr(m + 1, g);
+    red[m * 128 + g + 8] = acc[j][2] * s1 + corr(m, g + 8);
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + corr(m + 1, g + 8);
   }
 }
 
-// The warp's escapes of the CTA's records (entries e_lo .. e_hi − 1 of its tile's list), after the main loop, onto
-// red:  red[m][rl] += x[m0 + m, col] · (w − w_code)  in list order, X from global memory (L2).  Lane l holds entry
-// base + l of a round of 32 and the X rows l, l + 32, …; the X loads of WS_EB entries are all issued before their adds.
-template <int MT>
-__device__ __forceinline__ void ws_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi, const int32_t* tent,
-                                           const __nv_bfloat16* xt, int Mpad, int m0, int mcount, int lane) {
-  constexpr int R = (MT + 31) / 32;  // X rows per lane
-  for (int base = e_lo; base < e_hi; base += 32) {
-    const int n = min(32, e_hi - base);
-    int rl = 0, col = 0;
-    float d = 0.f;
-    if (lane < n) {
-      const uint2 en = *reinterpret_cast<const uint2*>(tent + 2 * (long)(base + lane));
-      rl = (int)(en.x >> 24);
-      col = (int)(en.x & 0xFFFFFFu);
-      d = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) -
-          __int_as_float(((int)s_ew[rl] - 15) << 23);
-    }
-    for (int j0 = 0; j0 < n; j0 += WS_EB) {
-      float xv[WS_EB][R];
-#pragma unroll
-      for (int e = 0; e < WS_EB; ++e) {
-        const int ce = __shfl_sync(~0u, col, (j0 + e) & 31);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const int m = lane + 32 * r;
-          xv[e][r] = j0 + e < n && m < mcount ? __bfloat162float(xt[(size_t)ce * Mpad + m0 + m]) : 0.f;
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < WS_EB; ++e) {
-        const int re = __shfl_sync(~0u, rl, (j0 + e) & 31);
-        const float de = __shfl_sync(~0u, d, (j0 + e) & 31);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const int m = lane + 32 * r;
-          if (j0 + e < n && m < mcount) red[m * 128 + re] = fmaf(xv[e][r], de, red[m * 128 + re]);
-        }
-      }
+// The warp's escapes past WS_ECAP (rare: not staged by the prologue), from global memory in list order, onto red.
+template <bool VIEW>
+__device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi,
+                                                const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0,
+                                                int mcount, int lane) {
+  if constexpr (!VIEW) {
+    for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
+      const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
+      const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
+      const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
+      for (int m = lane; m < mcount; m += 32)
+        red[m * 128 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, red[m * 128 + rl]);
+      __syncwarp();
     }
   }
-  __syncwarp();
 }
 
 template <int NT, bool VIEW>
@@ -990,10 +1004,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets, int wfirst) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + STAGES * SLOT);                        // [STAGES]
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (CORR)
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                  // [8][WS_ECAP] (W12)
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (VIEW ? 0 : 8 * WS_ECAP));            // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
+  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
   __shared__ __align__(16) uint8_t s_e[128];
   __shared__ int s_last;
 
@@ -1015,17 +1033,18 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  int e_lo = 0, e_hi = 0;  // the warp's escapes of records [a, b): entries e_lo .. e_hi − 1 of its tile's list
+  int e_lo = 0, e_hi = 0;
+  float* my_corr = CORR ? corr + (warp & 7) * 16 * MT : nullptr;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
-    if (!VIEW) {
-      e_lo = __ldg(toff + (long)(nb * 8 + warp) * KB + a);
-      e_hi = __ldg(toff + (long)(nb * 8 + warp) * KB + b);
-    }
+    int* my_toff = s_toff + warp * (kps + 1);
+    uint2* my_ent = s_ent + warp * WS_ECAP;
+    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
+    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
@@ -1043,9 +1062,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_mma<NT>(acc, fa, saddr(slot0));
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
       __syncwarp();
-      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma)
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
         mbar_arrive(empty + s0);
         mbar_arrive(empty + s1);
       }
@@ -1060,22 +1084,23 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma)
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
   __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
   const int mcount = min(MT, M - m0);
-  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127), then + x · (w − w_code) per escape
+  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    ws_store_acc<NT>(red, acc, s_e + 16 * warp, g, t);
+    ws_store_acc<NT, CORR>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
-    if (!VIEW) {
-      const __nv_bfloat16* xt = reinterpret_cast<const __nv_bfloat16*>(xq + (size_t)Mpad * KB * 128);
-      ws_escapes<MT>(red, s_e + 16 * warp, e_lo, e_hi, tent, xt, Mpad, m0, mcount, lane);
-    }
+    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
@@ -1087,7 +1112,8 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
                       void* xq, cudaStream_t st, int wfirst) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT, VIEW>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
-  const size_t smem = ws_smem<NT, VIEW>();
+  const int kps = (KB + split - 1) / split;
+  const size_t smem = ws_smem<NT, VIEW>(kps);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1095,9 +1121,9 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
     set = smem;
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
-  if (mpad > WS_XT_MAX && !VIEW) return cudaErrorInvalidValue;
-  uint32_t* xt = VIEW ? nullptr : (uint32_t*)xq + (size_t)mpad * KB * 32;  // after xq: [K][mpad] bf16
-  w12_x_ws_kernel<<<KB, 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq, xt, M, mpad, KB * 64);
+  const long words = (long)mpad * KB * 32;
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
