@@ -867,7 +867,7 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, (W12:) corr [8][16][MT] and ent
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane, bool wfirst, int q0 = 0) {
+                                           int lane, bool wfirst) {
   uint64_t first;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
@@ -875,8 +875,8 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
   const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
   for (int i = 0; i < nrec; ++i) {
-    const int q = q0 + i, s = q % STAGES;  // q: the ring's running record count (q0 before these records)
-    if (q >= STAGES) mbar_wait(empty + s, ((q / STAGES) - 1) & 1);  // the consumers are done with the slot
+    const int s = i % STAGES;
+    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, XB + WBYTES);
@@ -1106,194 +1106,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
-
-// The persistent form's end of a tile, per warp.  ws_corr_out: corr[m][r] = acc · 2^(E_n − 127) + corr[m][r] (the wgmma
-// D layout, as ws_store_acc).
-template <int NT>
-__device__ __forceinline__ void ws_corr_out(float* my_corr, const float (&acc)[NT][4], const uint8_t* s_ew, int g, int t) {
-  const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int m = 8 * j + 2 * t;
-    my_corr[m * 16 + g] = acc[j][0] * s0 + my_corr[m * 16 + g];
-    my_corr[(m + 1) * 16 + g] = acc[j][1] * s0 + my_corr[(m + 1) * 16 + g];
-    my_corr[m * 16 + g + 8] = acc[j][2] * s1 + my_corr[m * 16 + g + 8];
-    my_corr[(m + 1) * 16 + g + 8] = acc[j][3] * s1 + my_corr[(m + 1) * 16 + g + 8];
-  }
-}
-
-// ws_late_escapes on the warp's [MT][16] outputs instead of the CTA's [MT][128].
-__device__ __forceinline__ void ws_late_escapes_corr(float* out, const uint8_t* s_ew, int e_lo, int e_hi,
-                                                     const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0,
-                                                     int mcount, int lane) {
-  for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
-    const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
-    const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
-    const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
-    const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
-    for (int m = lane; m < mcount; m += 32)
-      out[m * 16 + rl] = fmaf(__bfloat162float(x[(size_t)(m0 + m) * ldx + col]), d, out[m * 16 + rl]);
-  }
-  __syncwarp();
-}
-
-// The warp's [mcount][16] outputs (channels nw .. nw + 15) to y as bf16: lane l takes half l % 2 of row l / 2, + 16, …
-template <int MT>
-__device__ __forceinline__ void ws_store_warp(const float* out, __nv_bfloat16* y, int ldy, int N, int nw, int m0,
-                                              int mcount, int lane) {
-  const bool vec = nw + 16 <= N && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
-  for (int idx = lane; idx < 2 * mcount; idx += 32) {
-    const int m = idx >> 1, h = 8 * (idx & 1);
-    const float4 a = *reinterpret_cast<const float4*>(out + m * 16 + h);
-    const float4 b = *reinterpret_cast<const float4*>(out + m * 16 + h + 4);
-    __nv_bfloat16* dst = y + (size_t)(m0 + m) * ldy + nw + h;
-    if (vec) {
-      const __nv_bfloat162 v[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
-                                   __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
-    } else {
-      const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      for (int c = 0; c < 8; ++c)
-        if (nw + h + c < N) dst[c] = __float2bfloat16_rn(f[c]);
-    }
-  }
-  __syncwarp();  // corr is zeroed for the next tile after this
-}
-
-// The view's end of a tile: y = acc · 2^(E_n − 127) from the wgmma D registers (rows g, g + 8 of the warp's channels,
-// X rows 8j + 2t, + 1).
-template <int NT>
-__device__ __forceinline__ void ws_store_regs(const float (&acc)[NT][4], const uint8_t* s_ew, __nv_bfloat16* y, int ldy,
-                                              int N, int nw, int m0, int mcount, int g, int t) {
-  const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int m = 8 * j + 2 * t;
-    auto put = [&](int mm, int r, float v) {
-      if (mm < mcount && nw + r < N) y[(size_t)(m0 + mm) * ldy + nw + r] = __float2bfloat16_rn(v + 0.f);
-    };
-    put(m, g, acc[j][0] * s0);
-    put(m + 1, g, acc[j][1] * s0);
-    put(m, g + 8, acc[j][2] * s1);
-    put(m + 1, g + 8, acc[j][3] * s1);
-  }
-}
-
-// ---- The persistent form (split 1, nt = 16): one CTA per SM takes the tiles blockIdx.x, + gridDim.x, … (tile = mb ·
-// NB + nb) with one ring running on across them, so that the producer streams the next tile's records while the
-// consumers finish the last one, and a CTA's start (barriers, the ring's first fill) is paid once per SM.  The
-// shared memory as w12_gemm_ws_kernel's with kps = KB; the end of a tile stays in each warp: W12 turns its corr
-// [MT][16] into the outputs (acc · 2^(E_n − 127) + corr, then the entries past WS_ECAP: the same adds in the same
-// order as the CTA-wide epilogue) and stores its 16 columns; the view stores from registers.  Same bits as
-// w12_gemm_ws_kernel with split 1.
-template <int NT, bool VIEW>
-__global__ void __launch_bounds__(WS_THREADS, 1) w12_gemm_wsp_kernel(
-    const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
-    const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
-    const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int NB, int KB, int tiles,
-    int wfirst) {
-  constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][MT][16] (CORR)
-  uint2* ents = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                   // [8][WS_ECAP] (W12)
-  uint64_t* full = reinterpret_cast<uint64_t*>(ents + (VIEW ? 0 : 8 * WS_ECAP));             // [STAGES]
-  uint64_t* empty = full + STAGES;                                                           // [STAGES]
-  int* toffs = reinterpret_cast<int*>(empty + STAGES);                                       // [8][KB + 1]
-  __shared__ __align__(16) uint8_t s_ex[128];
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(full + s, 1);
-      mbar_init(empty + s, 8);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (warp == 8) {  // ---- producer: the tiles' records, one after the other through the one ring
-    int q = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, q += KB)
-      ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, tile % NB, KB, 0, KB, Mpad, (tile / NB) * MT, lane,
-                                   wfirst != 0, q);
-    return;
-  }
-  const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
-  const uint32_t nkeep = nib_keep(t);
-  uint8_t* my_e = s_ex + 16 * warp;  // the exponents of the warp's 16 channels
-  float* my_corr = CORR ? corr + warp * 16 * MT : nullptr;
-  int* my_toff = toffs + warp * (KB + 1);
-  uint2* my_ent = ents + warp * WS_ECAP;
-  int q = 0;  // records through the ring before this tile's
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, q += KB) {
-    const int nb = tile % NB, m0 = (tile / NB) * MT, mcount = min(MT, M - m0);
-    if (lane == 0) *reinterpret_cast<uint4*>(my_e) = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + warp);
-    int e_lo = 0, e_hi = 0;
-    uint2 ent[2];
-    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, 0, KB, lane, e_lo, e_hi, ent);
-    float acc[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    int i = 0;
-    for (; i + 1 < KB; i += 2) {  // records two at a time, as w12_gemm_ws_kernel at nt = 16
-      const int s0 = (q + i) % STAGES, s1 = (q + i + 1) % STAGES;
-      const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
-      uint32_t fa[4][4], fb[4][4];
-      mbar_wait(full + s0, ((q + i) / STAGES) & 1);
-      ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
-      mbar_wait(full + s1, ((q + i + 1) / STAGES) & 1);
-      ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot0));
-      ws_mma<NT>(acc, fb, saddr(slot1));
-      wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, 0, slot0, my_e, my_corr, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, 0, slot1, my_e, my_corr, lane);
-      }
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(empty + s0);
-        mbar_arrive(empty + s1);
-      }
-    }
-    if (i < KB) {  // an odd record count: the last one alone
-      const int s0 = (q + i) % STAGES;
-      const uint8_t* slot0 = ring + s0 * SLOT;
-      uint32_t fa[4][4];
-      mbar_wait(full + s0, ((q + i) / STAGES) & 1);
-      ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot0));
-      wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, 0, slot0, my_e, my_corr, lane);
-      }
-      wg_wait0();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s0);
-    }
-    fence_acc(acc);
-    const int nw = nb * 128 + 16 * warp;  // the warp's first channel
-    if constexpr (CORR) {
-      ws_corr_out<NT>(my_corr, acc, my_e, g, t);
-      __syncwarp();
-      ws_late_escapes_corr(my_corr, my_e, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
-      ws_store_warp<MT>(my_corr, y, ldy, N, nw, m0, mcount, lane);
-    } else {
-      ws_store_regs<NT>(acc, my_e, y, ldy, N, nw, m0, mcount, g, t);
-    }
-  }
-}
-
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
@@ -1312,30 +1124,6 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
-  if constexpr (NT == 16) {
-    // the persistent form where it fits: split 1, shared memory with all KB offsets per warp within the opt-in limit
-    static int sms = 0, optin = 0;
-    if (!sms) {
-      cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-      if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-      if (e != cudaSuccess) return e;
-    }
-    const size_t psmem = ws_smem<NT, VIEW>(KB);
-    if (split == 1 && psmem <= (size_t)optin) {
-      auto pk = w12_gemm_wsp_kernel<NT, VIEW>;
-      static size_t pset = 0;
-      if (psmem > pset) {
-        cudaError_t e = cudaFuncSetAttribute(pk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)psmem);
-        if (e != cudaSuccess) return e;
-        pset = psmem;
-      }
-      const int tiles = NB * mtiles;
-      pk<<<min(tiles, sms), WS_THREADS, psmem, st>>>(
-          (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-          (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, NB, KB, tiles, wfirst);
-      return cudaGetLastError();
-    }
-  }
   dim3 grid(NB, mtiles, split);
   kern<<<grid, WS_THREADS, smem, st>>>(
       (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
