@@ -829,13 +829,21 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
   }
 }
 
+// The escapes' shared memory — corr [8][16][MT] fp32, staged entries [8][ECAP], per-record offsets [8][kps + 1] — is
+// W12's only: the 8-bit view has no escapes and spends it on a deeper ring.
+template <int NT, bool VIEW>
+__host__ __device__ constexpr int ws_corr_bytes() {
+  return VIEW ? 0 : 8 * 16 * 8 * NT * 4;
+}
+
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16.  The view, in the escapes' place: 7
 // stages at NT = 16 (its M = 128 geomean 0.906 → 0.961 against 5, same bits, 2026-12-04-ab-ws-view7-h200-s30.md;
 // first seen in -ab-ws-rcorr-FAILED-h200-s30.md, where W12's corrections moved to registers spilled and were reverted),
 // and up to NT = 8 as many as W12's ~100 KB hold.
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
-  return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
+  if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -844,9 +852,9 @@ __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT 
 }
 
 template <int NT, bool VIEW>
-size_t ws_smem(int kps) {  // 1024-aligned ring, (W12:) entries [8][ECAP], barriers, (W12:) offsets [8][kps + 1]
+size_t ws_smem(int kps) {  // 1024-aligned ring, (W12:) corr [8][16][MT] and entries [8][ECAP], barriers, (W12:) offsets [8][kps + 1]
   return 1024 + (size_t)ws_stages<NT, VIEW>() * ws_slot<NT>() + 2 * ws_stages<NT, VIEW>() * 8 +
-         (VIEW ? 0 : 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4);
+         (VIEW ? 0 : ws_corr_bytes<NT, VIEW>() + 8 * WS_ECAP * 8 + 8 * (kps + 1) * 4);
 }
 
 // ---- the ws kernel's pieces
@@ -906,41 +914,30 @@ __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)
   for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
 }
 
-// An escape's weight as an A-fragment value: the bf16 bits of w · 2^(127 − E_n) (decode4's units), exact when
-// the exponent field e − E_n + 127 lies in 1..254, or w is ±0, ±Inf or NaN (kept as they are); false for the rest
-// (subnormal w, or a field out of range), which ws_late_escapes corrects instead.
-__device__ __forceinline__ bool ws_patch_value(uint32_t h, int E, uint32_t& v) {
-  const int e = (int)(h >> 7) & 0xFF, f = e - E + 127;
-  v = e == 0 || e == 255 ? h : (h & 0x807Fu) | ((uint32_t)f << 7);
-  return e == 0 ? (h & 0x7Fu) == 0 : e == 255 || (f >= 1 && f <= 254);
-}
-
-// Record a + i's staged escapes of the warp's tile, patched into the A fragments before the MMAs: the lane that
-// holds column col of row rl (g = rl % 8, t = col / 16; decode4's place: k-step (col / 4) % 4, register
-// 2·((col / 2) % 2) + rl / 8, half col % 2) puts the weight itself there instead of the code's value.
-__device__ __forceinline__ void ws_patch(uint32_t (&fa)[4][4], const int* my_toff, const uint2* my_ent, int e_lo, int i,
-                                         int a, const uint8_t* s_ew, int g, int t) {
+// Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
+// (s_ew: the tile's 16 exponents).
+template <int MT>
+__device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
+                                           const uint8_t* slot, const uint8_t* s_ew, float* my_corr, int lane) {
   const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
   for (int e = i0; e < i1; ++e) {
     const uint2 en = my_ent[e];
     const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
-    uint32_t v;
-    if (!ws_patch_value(en.y & 0xFFFFu, s_ew[rl], v) || (rl & 7) != g || (col >> 4) != t) continue;
-    const int k = (col >> 2) & 3, j = 2 * ((col >> 1) & 1) + (rl >> 3), sh = 16 * (col & 1);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj)
-        if (kk == k && jj == j) fa[kk][jj] = (fa[kk][jj] & ~(0xFFFFu << sh)) | (v << sh);
+    const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu)));
+    const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
+    for (int m = lane; m < MT; m += 32) {
+      const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
+      my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
+    }
   }
 }
 
 // A consumer warp's escape prologue (the second round trip left in flight): the per-record
 // offsets my_toff[0..nrec] -> [e_lo, e_hi); the first WS_ECAP entries' loads issued into ent (lane l: entries l and
-// l + 32), waited for only where ws_stage_entries stores them, before the first record's patches.
+// l + 32), waited for only where ws_stage_entries stores them, after the first record's MMAs are issued; corr zeroed.
 static_assert(WS_ECAP == 64, "two staged entries per lane");
 template <int MT, bool VIEW>
-__device__ __forceinline__ void ws_escape_prologue(int* my_toff, const int32_t* toff, const int32_t* tent,
+__device__ __forceinline__ void ws_escape_prologue(int* my_toff, float* my_corr, const int32_t* toff, const int32_t* tent,
                                                    int c, int KB, int a, int nrec, int lane, int& e_lo, int& e_hi,
                                                    uint2 (&ent)[2]) {
   ent[0] = ent[1] = make_uint2(0u, 0u);
@@ -953,6 +950,8 @@ __device__ __forceinline__ void ws_escape_prologue(int* my_toff, const int32_t* 
     if (lane < cnt) ent[0] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane));
     if (lane + 32 < cnt) ent[1] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(e_lo + lane + 32));
   }
+  if (ws_corr_bytes<MT / 8, VIEW>() > 0)
+    for (int i = lane; i < 16 * MT; i += 32) my_corr[i] = 0.f;
   __syncwarp();
 }
 
@@ -983,16 +982,12 @@ __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][
 // The warp's escapes past WS_ECAP (rare: not staged by the prologue), from global memory in list order, onto red.
 template <bool VIEW>
 __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi,
-                                                const uint2* my_ent, const int32_t* tent, const __nv_bfloat16* x,
-                                                int ldx, int m0, int mcount, int lane) {
+                                                const int32_t* tent, const __nv_bfloat16* x, int ldx, int m0,
+                                                int mcount, int lane) {
   if constexpr (!VIEW) {
-    for (int e = e_lo; e < e_hi; ++e) {
-      const bool staged = e < e_lo + WS_ECAP;
-      const uint32_t e0 = staged ? my_ent[e - e_lo].x : (uint32_t)__ldg(tent + 2 * (long)e);
-      const uint32_t e1 = staged ? my_ent[e - e_lo].y : (uint32_t)__ldg(tent + 2 * (long)e + 1);
+    for (int e = e_lo + WS_ECAP; e < e_hi; ++e) {
+      const uint32_t e0 = (uint32_t)__ldg(tent + 2 * (long)e), e1 = (uint32_t)__ldg(tent + 2 * (long)e + 1);
       const int rl = (int)(e0 >> 24), col = (int)(e0 & 0xFFFFFFu);
-      uint32_t v;
-      if (staged && ws_patch_value(e1 & 0xFFFFu, s_ew[rl], v)) continue;  // patched into its A fragment
       const float wv = __bfloat162float(__ushort_as_bfloat16((unsigned short)(e1 & 0xFFFFu)));
       const float d = wv - __int_as_float(((int)s_ew[rl] - 15) << 23);
       for (int m = lane; m < mcount; m += 32)
@@ -1009,9 +1004,11 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets, int wfirst) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
+  constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
-  uint2* s_ent = reinterpret_cast<uint2*>(ring + STAGES * SLOT);                             // [8][WS_ECAP] (W12)
+  float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (CORR)
+  uint2* s_ent = reinterpret_cast<uint2*>(corr + (CORR ? 8 * 16 * MT : 0));                  // [8][WS_ECAP] (W12)
   uint64_t* full = reinterpret_cast<uint64_t*>(s_ent + (VIEW ? 0 : 8 * WS_ECAP));            // [STAGES]
   uint64_t* empty = full + STAGES;                                                           // [STAGES]
   int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]
@@ -1037,7 +1034,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
-  uint2* my_ent = s_ent + (warp & 7) * WS_ECAP;
+  float* my_corr = CORR ? corr + (warp & 7) * 16 * MT : nullptr;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
@@ -1045,9 +1042,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
     int* my_toff = s_toff + warp * (kps + 1);
-    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent before the first record's patches
-    ws_escape_prologue<MT, VIEW>(my_toff, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    if (!VIEW) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+    uint2* my_ent = s_ent + warp * WS_ECAP;
+    uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
+    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
@@ -1060,15 +1057,16 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
       mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
       ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
-      if (!VIEW) {
-        ws_patch(fa, my_toff, my_ent, e_lo, i, a, s_e + 16 * warp, g, t);
-        ws_patch(fb, my_toff, my_ent, e_lo, i + 1, a, s_e + 16 * warp, g, t);
-      }
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot0));
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
       __syncwarp();
       if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
@@ -1082,11 +1080,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       const uint8_t* slot = ring + s * SLOT;
       uint32_t fa[4][4];
       ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      if (!VIEW) ws_patch(fa, my_toff, my_ent, e_lo, i, a, s_e + 16 * warp, g, t);
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot));
       wg_commit();
+      if (!VIEW) {
+        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+      }
       wg_wait0();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
@@ -1097,9 +1098,9 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int mcount = min(MT, M - m0);
   if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    ws_store_acc<NT, false>(red, acc, s_e + 16 * warp, nullptr, g, t);
+    ws_store_acc<NT, CORR>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
-    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, my_ent, tent, x, ldx, m0, mcount, lane);
+    ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
