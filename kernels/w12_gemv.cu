@@ -787,6 +787,18 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // M = 128 from 7 stages (ws_stages).  W12 has no room for them: its escape corrections take 64 KB, and holding them in
 // registers instead spilled (168-register cap at 288 threads; M = 128 0.716 → 0.462, -ab-ws-rcorr-FAILED-h200-s30.md).
 // 2026-12-04-wgmma-bound-h200-s30.md, -wgmma-ring-bound-h200-s30.md.
+// Session 31, all slower and reverted: the escapes moved out of the main loop — added in the epilogue from X in
+// global memory (corr's 64 KB freed for the view's ring depths): W12 M = 128 0.722 → 0.639, M = 64 0.971 → 0.865;
+// with W12's own depths still 10–15 % slower at M = 32–128 (128 rows of scattered 2-byte X loads per escape, all CTAs
+// of a wave at once, on the CTA's tail); with X^T written beside xq so that an escape's column is contiguous, still
+// 0.625–0.642 at M = 128 (8afc307, f8433e9, 41d129a, 2026-12-04-ab-ws-epilogue-escapes-FAILED-h200-s31.md); and
+// patched into the A fragments before the MMAs (the bf16 of w · 2^(127 − E_n), exact in the normal range; the rest
+// corrected at the end), the ring as deep as the view's: M = 128 0.721 → 0.726 (the spread), M = 64 0.972 → 0.933,
+// M = 32 1.078 → 1.034 — the entries must be staged before the first record (5447a43).  A persistent nt = 16 form
+// (one CTA per SM over the tiles, one ring across them, each warp ending its own tile, no CTA barrier): the same bits,
+// W12 M = 128 0.714 → 0.709 and the view 0.961 → 0.916 (caf636b; with 5 stages and a separate sums region, bee7bde,
+// worse still); 2026-12-04-ab-ws-persistent-patch-FAILED-h200-s31.md.  So neither the CTA's start and end nor
+// corr's shared memory is what bounds M = 128: the per-record chain is (see the bounds above).
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
