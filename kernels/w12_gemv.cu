@@ -79,14 +79,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
-// A weight copy global -> shared: L1 bypassed, with the L2 cache-hint policy (weight_policy)
-__device__ __forceinline__ void cp_async16_w(void* smem, const void* gmem, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
-               "l"(gmem), "l"(pol));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
 // start while the one before it in the stream is finishing; it reads and writes nothing before pdl_wait.
@@ -434,11 +426,9 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // config with warps / ct warps, but slower on every shape at M = 8, 16 and 32 (ct 2: 3–40 %, ct 4 more; 6144×4096
 // M = 32 26.1 → 36.9 µs): fewer, longer CTAs cost more than the X traffic they save; 292ab9a, 2026-12-04-skinny-ct-FAILED-h200-s30.md)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
-constexpr int RING_D = 4;  // the XREG form's records in flight per warp (cp.async ring in shared memory)
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
                                               : XREG && WARPS == 8                                 ? 2
-                                              : XREG                                               ? 4
                                                                                                    : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -455,7 +445,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
-  __shared__ __align__(16) uint4 s_ring[XREG ? WARPS : 1][XREG ? RING_D : 1][4][32];  // [warp][slot][word][lane]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __shared__ unsigned long long s_trace[TRACE ? 4 : 1];
@@ -506,47 +495,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
-  if constexpr (XREG) {
-    // ---- the XREG form: each lane copies its own four 16-byte words of the warp's records into a RING_D-deep ring
-    // in shared memory (cp.async: no registers held while they fly) and reads back only its own words (no
-    // barrier); X one record ahead in registers
-    uint4(*my)[4][32] = s_ring[warp];
-    auto issue = [&](int i) {  // record kb = a + warp + WARPS·i -> slot i % RING_D (one commit group per record)
-      const int kb = a + warp + WARPS * i;
-      if (kb < b) {
-        const uint8_t* r = base + (size_t)kb * REC;
-        cp_async16_w(&my[i % RING_D][0][lane], r + va0, pol);
-        cp_async16_w(&my[i % RING_D][1][lane], r + va1, pol);
-        if (!VIEW) {
-          cp_async16_w(&my[i % RING_D][2][lane], r + na0, pol);
-          cp_async16_w(&my[i % RING_D][3][lane], r + na1, pol);
-        }
-      }
-      cp_async_commit();
-    };
-#pragma unroll
-    for (int d = 0; d < RING_D - 1; ++d) issue(d);
-    if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
-    if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
-    pdl_launch_dependents();
-    uint4 xa[NT], xb[NT];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) load_x16(xa[j], xb[j], xr[j], xok[j] && a + warp < b, a + warp);
-    for (int i = 0, kb = a + warp; kb < b; ++i, kb += WARPS) {
-      issue(i + RING_D - 1);
-      uint4 ya[NT], yb[NT];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        ya[j] = xa[j];
-        yb[j] = xb[j];
-        load_x16(xa[j], xb[j], xr[j], xok[j] && kb + WARPS < b, kb + WARPS);
-      }
-      cp_async_wait_group<RING_D - 1>();  // record i's copies (this lane's) have landed
-      const uint4 va = my[i % RING_D][0][lane], vb = my[i % RING_D][1][lane];
-      const uint4 na = VIEW ? va : my[i % RING_D][2][lane], nbw = VIEW ? vb : my[i % RING_D][3][lane];
-      record_mma<NT, VIEW>(acc, va, vb, na, nbw, ya, yb, nkeep);
-    }
-  } else {
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
@@ -560,7 +508,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
     gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-  }
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
