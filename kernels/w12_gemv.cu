@@ -424,7 +424,11 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // ct channel tiles per CTA — the warps split into ct groups on the same records, so that each X line fetched from L2
 // serves ct tiles through L1 (X's L2 traffic at nt = 4 is 2.67× the weight bytes) — the same bits as the ct = 1
 // config with warps / ct warps, but slower on every shape at M = 8, 16 and 32 (ct 2: 3–40 %, ct 4 more; 6144×4096
-// M = 32 26.1 → 36.9 µs): fewer, longer CTAs cost more than the X traffic they save; 292ab9a, 2026-12-04-skinny-ct-FAILED-h200-s30.md)
+// M = 32 26.1 → 36.9 µs): fewer, longer CTAs cost more than the X traffic they save; 292ab9a, 2026-12-04-skinny-ct-FAILED-h200-s30.md;
+// and X's traffic is not what bounds M = 17–32 here: with X read from two records' columns only (L1-resident, a
+// diagnostic) 6144×4096 M = 32 took 26.5 → 27.2 µs, 4096² 21.9 → 21.6; nor are the weight bytes in flight: the XREG
+// form with its records through a 4-deep per-lane cp.async ring in shared memory (3 records per warp in flight, 4
+// CTAs per SM instead of 3) took 26.4 → 30.9 µs; 36bac63, 2026-12-04-ab-skinny-m32-probes-FAILED-h200-s31.md)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
