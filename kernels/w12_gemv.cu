@@ -409,6 +409,41 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
   return out;
 }
 
+// The skinny kernel's escapes at nt ≥ 2 when there are ≤ 32 (ne): each warp has its own
+// copy of the entries (s_entw[warp], by its own lanes' cp.async: visible after its own wait, no barrier), and before
+// the CTA barrier warp w loads X[m0 + m, col_l] of entry l for the rows m ≡ w (mod WARPS) into s_xe[l][m] (all in
+// flight at once); warp 0 also puts row r's entries in s_mask[r][0] (one ballot per row).  After the barrier each
+// output adds its row's entries in list order, as the CTA-wide path does (the same adds: the same bits), without
+// that path's two further barriers and its serial X loads.
+template <int MT, int WARPS>
+__device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*s_mask)[WARPS], const uint2* my_ent,
+                                               int ne, const __nv_bfloat16* x, int ldx, int m0, int mcount, int warp,
+                                               int lane) {
+  constexpr int R = (MT + WARPS - 1) / WARPS;  // rows per warp
+  __syncwarp();  // the warp's own entry copies (each lane waited for its own) visible to the warp
+  int rl = -1;
+  if (lane < ne) {
+    const uint2 en = my_ent[lane];
+    rl = (int)(en.x >> 24);
+    const int col = (int)(en.x & 0xFFFFFFu);
+    uint16_t v[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int m = warp + WARPS * i;
+      v[i] = m < mcount ? __bfloat16_as_ushort(x[(size_t)(m0 + m) * ldx + col]) : (uint16_t)0;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (warp + WARPS * i < MT) s_xe[lane][warp + WARPS * i] = v[i];
+  }
+  if (warp == 0)
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const uint32_t bm = __ballot_sync(0xffffffffu, rl == r);
+      if (lane == 0) s_mask[r][0] = bm;
+    }
+}
+
 // (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
 // fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
 // register pipeline, commit 0a392d7; warp 0 fetching its escapes' X words by cp.async in its first main-loop
@@ -447,6 +482,9 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
   __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
+  constexpr bool XE = !VIEW && NT >= 2;          // esc_x_prefetch's path (nt = 1 keeps the CTA-wide one: see there)
+  __shared__ uint16_t s_xe[XE ? 32 : 1][MT];      // X of the first 32 entries' columns, rows m0.. (esc_x_prefetch)
+  __shared__ uint2 s_entw[XE ? WARPS : 1][32];    // each warp's own copy of the first 32 entries (esc_x_prefetch)
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
@@ -504,6 +542,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
   pdl_launch_dependents();
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
@@ -523,9 +562,13 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
   }
   cp_async_wait_all();
+  const int mcount = min(MT, M - m0);
+  // ≤ 32 escapes outside warp0_finish's case: warp 0's lanes (each holding its own staged entry, no barrier needed)
+  // fetch X of their entries' columns before the barrier, so that the corrections below read shared memory only
+  const bool xe = XE && e_hi - e_lo <= 32;
+  if (xe) esc_x_prefetch<MT, WARPS>(s_xe, s_mask, s_entw[warp], e_hi - e_lo, x, ldx, m0, mcount, warp, lane);
   __syncthreads();
   trace(1);
-  const int mcount = min(MT, M - m0);
   if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
     // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
     if (warp != 0) {
@@ -557,9 +600,16 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
-    red[0][r][m] = sum * __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+    sum *= __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+    if (xe)  // row r's entries in list order: + x[m, col] · (w − w_code), X from s_xe
+      for (uint32_t bm = s_mask[r][0]; bm; bm &= bm - 1) {
+        const int j = __ffs(bm) - 1;
+        const float w = __bfloat162float(__ushort_as_bfloat16((unsigned short)(s_ent[j].y & 0xFFFFu)));
+        sum = fmaf(__bfloat162float(__ushort_as_bfloat16(s_xe[j][m])), w - __int_as_float(((int)s_e[r] - 15) << 23), sum);
+      }
+    red[0][r][m] = sum;
   }
-  if (!VIEW && e_hi > e_lo) {
+  if (!VIEW && !xe && e_hi > e_lo) {
     for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
       if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
         __syncthreads();   // the previous chunk's readers are done
