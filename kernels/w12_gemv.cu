@@ -37,7 +37,10 @@
 // lists of gemm_cuda.tile_escapes (load time): entry (row in tile << 24 | column, h), offsets per
 // (channel tile, kb), so a CTA's escapes are one contiguous range, fetched while its first records load.
 // At M ≤ 2 with ≤ 32 escapes in the CTA (decode), warp 0 alone finishes the tile (warp0_finish): the same adds in
-// the same order, without the CTA-wide path's three barriers.
+// the same order, without the CTA-wide path's three barriers.  At nt ≥ 2 with ≤ 32 escapes the warps fetch the
+// escapes' X before the CTA barrier (esc_x_prefetch) and the first output pass adds them from shared memory: the same
+// adds again; that path was the largest cost found at M > 2 (skipping it, wrong results: M = 16 1.159 → 1.243; this
+// form M = 32 1.083 → 1.103, M = 16 1.160 → 1.180; 2026-12-04-ab-skinny-escapes-h200-s31.md).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
