@@ -418,7 +418,9 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // the CTA barrier warp w loads X[m0 + m, col_l] of entry l for the rows m ≡ w (mod WARPS) into s_xe[l][m] (all in
 // flight at once); warp 0 also puts row r's entries in s_mask[r][0] (one ballot per row).  After the barrier each
 // output adds its row's entries in list order, as the CTA-wide path does (the same adds: the same bits), without
-// that path's two further barriers and its serial X loads.
+// that path's two further barriers and its serial X loads.  (Issuing the X copies earlier — by cp.async from inside
+// the main loop once the entries are in — raised the loop's registers, nt = 2 92 → 122 and nt = 4 125 → 138, a CTA
+// per SM fewer: not timed, session 31.)
 template <int MT, int WARPS>
 __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*s_mask)[WARPS], const uint2* my_ent,
                                                int ne, const __nv_bfloat16* x, int ldx, int m0, int mcount, int warp,
