@@ -569,8 +569,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   }
   cp_async_wait_all();
   const int mcount = min(MT, M - m0);
-  // ≤ 32 escapes outside warp0_finish's case: warp 0's lanes (each holding its own staged entry, no barrier needed)
-  // fetch X of their entries' columns before the barrier, so that the corrections below read shared memory only
+  // nt ≥ 2, ≤ 32 escapes: their X fetched by every warp before the barrier, the corrections below from shared memory
   const bool xe = XE && e_hi - e_lo <= 32;
   if (xe) esc_x_prefetch<MT, WARPS>(s_xe, s_mask, s_entw[warp], e_hi - e_lo, x, ldx, m0, mcount, warp, lane);
   __syncthreads();
