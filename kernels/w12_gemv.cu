@@ -41,7 +41,8 @@
 // escapes' X before the CTA barrier (esc_x_prefetch) and the first output pass adds them from shared memory: the same
 // adds again; that path was the largest cost found at M > 2 (skipping it, wrong results: M = 16 1.159 → 1.243; this
 // form M = 32 1.083 → 1.103, M = 16 1.160 → 1.180; at nt = 1 above 2 rows too it gave M = 3–8 +0.2 % and cost
-// M = 1–2 1 %: the 4-warp build spilled at its 72 registers; 2026-12-04-ab-skinny-escapes-h200-s31.md).
+// M = 1–2 1 %: the 4-warp build spilled at its 72 registers; and warp 0 finishing every nt = 1 tile (M ≤ 8, the
+// warp0_finish path generalised, same bits) was within the spread at M = 1–8; 2026-12-04-ab-skinny-escapes-h200-s31.md).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
