@@ -52,12 +52,6 @@ namespace {
 
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
-#ifndef W12_PF_NT1
-#define W12_PF_NT1 0
-#endif
-#ifndef W12_PF_NT2
-#define W12_PF_NT2 1
-#endif
 
 // (An L2 prefetch size on these loads was measured: .L2::128B changes nothing, .L2::256B slows the evict_normal LM
 // heads by 2–11 % at M = 1; 2026-12-03-ab-l2-prefetch-h200-s23.md, 8b31273 / a69653d.)
@@ -67,17 +61,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
   return r;
-}
-
-// An L2 prefetch of a warp's slice of one record (its 16 rows: 1 KB of view bytes at 64·r0, 512 B of nibbles at
-// 8192 + 32·r0), by lane 0, with the loads' cache policy; the register loads of that record, PF iterations later,
-// then wait for L2 instead of DRAM.  PF = skinny_pf(NT, U) iterations ahead (0: none).
-__host__ __device__ constexpr int skinny_pf(int nt, int u) { return nt >= 2 ? W12_PF_NT2 : u == 1 ? W12_PF_NT1 : 0; }
-__device__ __forceinline__ void prefetch_slice(const uint8_t* r, int r0, bool view, uint64_t pol) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], 1024, %1;" ::"l"(r + 64 * r0), "l"(pol) : "memory");
-  if (!view)
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], 512, %1;" ::"l"(r + VIEW_BYTES + 32 * r0), "l"(pol)
-                 : "memory");
 }
 
 // The skinny kernel's L2 priority for its weight lines: `pct` % of them evict_normal, the rest evict_first
@@ -235,15 +218,6 @@ struct Group {
           for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
         }
       }
-    }
-  }
-
-  __device__ __forceinline__ static void prefetch(const uint8_t* base, int kb0, int KB, int warps, int r0, int lane,
-                                                  uint64_t pol) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * warps;
-      if (lane == 0 && kb < KB) prefetch_slice(base + (size_t)kb * REC, r0, VIEW, pol);
     }
   }
 
@@ -578,10 +552,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-  constexpr int PF = TRACE ? 0 : skinny_pf(NT, U);
-  using G = Group<NT, VIEW, U, NT <= 2 || XREG>;
-#pragma unroll
-  for (int i = 2; i < 2 + 2 * PF; ++i) G::prefetch(base, a + warp + i * STEP, b, WARPS, r0, lane, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
@@ -591,10 +561,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
     ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-    if (PF) G::prefetch(base, kb0 + (2 + 2 * PF) * STEP, b, WARPS, r0, lane, pol);
     gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-    if (PF) G::prefetch(base, kb0 + (3 + 2 * PF) * STEP, b, WARPS, r0, lane, pol);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
