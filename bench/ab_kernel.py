@@ -54,13 +54,15 @@ def build_libs(sources: dict, out: Path) -> dict:
 def source_at(rev: str) -> str:
     if rev == "worktree":
         return (ROOT / SOURCE).read_text()
+    if rev.startswith("file:"):  # a variant written elsewhere (e.g. the worktree with other #define defaults)
+        return Path(rev[5:]).read_text()
     return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{SOURCE}"], check=True, capture_output=True,
                           text=True).stdout
 
 
 def resolve(rev: str) -> str:
     """A revision's short hash (`worktree` stays as it is), for the report."""
-    if rev == "worktree":
+    if rev == "worktree" or rev.startswith("file:"):
         return rev
     return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -156,7 +158,7 @@ def build_or_run(doc: str, build, run):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, help="write the libraries here (needs nvcc, no GPU)")
-    ap.add_argument("--rev", action="append", default=[], help="NAME=REV (a git revision or `worktree`); repeatable")
+    ap.add_argument("--rev", action="append", default=[], help="NAME=REV (a git revision, `worktree`, or file:PATH of a variant source); repeatable")
     ap.add_argument("--libs", type=Path, help="time the libraries of this folder (needs the GPU)")
     ap.add_argument("--m", default="1,2", help="comma-separated M values (default 1,2)")
     ap.add_argument("--rounds", type=int, default=3)
