@@ -282,37 +282,48 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
 }
 
 // The ws kernel's (finish_tile): the same adds in the same order per output (0 + p0 + p1 + …, so the same bits), from
-// float4 loads, two float4 outputs per thread per round: a 128 × 64 tile takes 4 rounds of independent L2 loads
-// instead of 32 (up to 64 registers of partials; the accumulators are dead by then).  Measured: 4096² M = 64
-// split 4 42.0 → 34.2 µs in the tensor-core kernel it was written for (2026-12-02-tc-configs-h200-s10.md).
-__device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
-  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
-  const int tid = threadIdx.x, nth = blockDim.x, n4 = n / 4;
-  const float4* p4 = reinterpret_cast<const float4*>(part);
-  for (int i = tid; i < n4; i += 2 * nth) {
-    const int i2 = i + nth;
-    const bool two = i2 < n4;
-    float4 v[2][8];
+// float4 loads, R float4 outputs per thread per round with all R · S loads in flight: R = 8 / 4 / 2 for S ≤ 2 / 4 / 8,
+// 16 float4 (64 registers; the accumulators are dead by then) in every case.  Each round is one L2 round trip: a
+// 128 × 128 tile of S = 2 takes 2 rounds (it took 8 at R = 2, the epilogue's 6.4 µs median at 6144×4096 M = 128,
+// 2026-12-03-ws-trace-h200-s24.md).  (R = 2 for every S measured: 4096² M = 64 split 4 42.0 → 34.2 µs against one
+// output per round, in the tensor-core kernel it was written for, 2026-12-02-tc-configs-h200-s10.md.)
+template <int R, int SMAX>
+__device__ __forceinline__ void splitk_add(float4* red4, const float4* p4, int n4, int S) {
+  const int tid = threadIdx.x, nth = blockDim.x;
+  for (int i = tid; i < n4; i += R * nth) {
+    float4 v[R][SMAX];
 #pragma unroll
-    for (int zz = 0; zz < 8; ++zz) {
-      v[0][zz] = zz < S ? __ldcg(p4 + zz * n4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-      v[1][zz] = zz < S && two ? __ldcg(p4 + zz * n4 + i2) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    for (int zz = 0; zz < SMAX; ++zz)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < R; ++h)
+        v[h][zz] = zz < S && i + h * nth < n4 ? __ldcg(p4 + zz * n4 + i + h * nth) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int h = 0; h < R; ++h) {
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int zz = 0; zz < 8; ++zz)
+      for (int zz = 0; zz < SMAX; ++zz)
         if (zz < S) {
           sum.x += v[h][zz].x;
           sum.y += v[h][zz].y;
           sum.z += v[h][zz].z;
           sum.w += v[h][zz].w;
         }
-      if (h == 0 || two) reinterpret_cast<float4*>(red)[h == 0 ? i : i2] = sum;
+      if (i + h * nth < n4) red4[i + h * nth] = sum;
     }
   }
-  if (tid == 0) *ticket = 0;
+}
+
+__device__ __forceinline__ bool splitk_last4(float* red, int n, float* part, int S, int z, int* ticket, int* s_last) {
+  if (!splitk_arrive(red, n, part, S, z, ticket, s_last)) return false;
+  float4* red4 = reinterpret_cast<float4*>(red);
+  const float4* p4 = reinterpret_cast<const float4*>(part);
+  if (S <= 2)
+    splitk_add<8, 2>(red4, p4, n / 4, S);
+  else if (S <= 4)
+    splitk_add<4, 4>(red4, p4, n / 4, S);
+  else
+    splitk_add<2, 8>(red4, p4, n / 4, S);
+  if (threadIdx.x == 0) *ticket = 0;
   return true;
 }
 
