@@ -1,9 +1,7 @@
 // W12 GEMMs on Hopper: Y[M, N] = X[M, K] · Wᵀ, W stored as W12 records (SPEC.md), weights decoded in
 // registers straight into MMA fragments: the skinny kernel (below; M ≤ 64) and the warp-specialized kernel
-// (w12_gemm_ws_kernel, last; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  (Removed once the ws
-// kernel had taken every call they ran: the xs kernel — X in shared memory for 128 channels, W streamed as in the
-// skinny kernel — in session 27, its 36 variants a third of the build time; the tensor-core kernel — wgmma on a
-// cp.async ring with one CTA barrier per record — in session 28, after it had been dispatched nowhere for a session.)
+// (w12_gemm_ws_kernel, last; 9 ≤ M ≤ 128).  gemm_cuda.kernel_for says which one the host runs.  What was measured
+// and not kept (alternatives, removed kernels, the bounds found) is in kernels/w12_gemv_tried.md.
 // Built by kernels/cuda_build.py (nvcc, sm_90a);
 // called through kernels/gemm_cuda.py.  No torch headers: raw pointers and a cudaStream_t.
 //
@@ -40,9 +38,7 @@
 // the same order, without the CTA-wide path's three barriers.  At nt ≥ 2 with ≤ 32 escapes the warps fetch the
 // escapes' X before the CTA barrier (esc_x_prefetch) and the first output pass adds them from shared memory: the same
 // adds again; that path was the largest cost found at M > 2 (skipping it, wrong results: M = 16 1.159 → 1.243; this
-// form M = 32 1.083 → 1.103, M = 16 1.160 → 1.180; at nt = 1 above 2 rows too it gave M = 3–8 +0.2 % and cost
-// M = 1–2 1 %: the 4-warp build spilled at its 72 registers; and warp 0 finishing every nt = 1 tile (M ≤ 8, the
-// warp0_finish path generalised, same bits) was within the spread at M = 1–8; 2026-12-04-ab-skinny-escapes-h200-s31.md).
+// form M = 32 1.083 → 1.103, M = 16 1.160 → 1.180; 2026-12-04-ab-skinny-escapes-h200-s31.md).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -53,8 +49,6 @@ namespace {
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
 
-// (An L2 prefetch size on these loads was measured: .L2::128B changes nothing, .L2::256B slows the evict_normal LM
-// heads by 2–11 % at M = 1; 2026-12-03-ab-l2-prefetch-h200-s23.md, 8b31273 / a69653d.)
 // A weight load: read-only path, no L1 allocation, with an L2 cache-hint policy (weight_policy).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
   uint4 r;
@@ -467,26 +461,7 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
     }
 }
 
-// (measured slower, 2026-11-29-kernels-cuda-h200-s4-experiments.md: a 64-register cap for M ≤ 8 so that 32 warps
-// fit on an SM; a ring of bulk copies (cp.async.bulk + mbarrier, 4–8 records per warp in flight) instead of the
-// register pipeline, commit 0a392d7; warp 0 fetching its escapes' X words by cp.async in its first main-loop
-// iteration, so that warp0_finish waits for no load: same bits, M = 1 geomean 1.318 → 1.302 — the block in the loop
-// costs more than the ~0.4 µs it takes off the end; a peeled first iteration instead raised every skinny kernel's
-// registers by 20–30; dd0eecc, 2026-12-03-ab-early-x-m12-h200-s22.md.  The loop's per-record bounds checks are also
-// what keeps each group's loads right after its MMAs: without them (a check-free steady loop) ptxas sinks both groups'
-// loads to the end of the iteration and adds 8–20 registers — not timed, session 22; warp 0 issuing its escapes' X
-// loads after its last record, before the CTA barrier, and using them after it: same bits, M = 1 1.332 → 1.334, within
-// the spread; 60217aa, 2026-12-03-ab-early-x-barrier-m1-FAILED-h200-s26.md; X's rows of the CTA's records staged in
-// shared memory by cp.async at the start, for those escapes: same bits, M = 1 1.330 → 1.287 — every placement of the
-// copy loop cost one of the nt = 1 builds registers or a spill; 2fde574, 2026-12-04-ab-skinny-xs-stage-FAILED-h200-s28.md;
-// ct channel tiles per CTA — the warps split into ct groups on the same records, so that each X line fetched from L2
-// serves ct tiles through L1 (X's L2 traffic at nt = 4 is 2.67× the weight bytes) — the same bits as the ct = 1
-// config with warps / ct warps, but slower on every shape at M = 8, 16 and 32 (ct 2: 3–40 %, ct 4 more; 6144×4096
-// M = 32 26.1 → 36.9 µs): fewer, longer CTAs cost more than the X traffic they save; 292ab9a, 2026-12-04-skinny-ct-FAILED-h200-s30.md;
-// and X's traffic is not what bounds M = 17–32 here: with X read from two records' columns only (L1-resident, a
-// diagnostic) 6144×4096 M = 32 took 26.5 → 27.2 µs, 4096² 21.9 → 21.6; nor are the weight bytes in flight: the XREG
-// form with its records through a 4-deep per-lane cp.async ring in shared memory (3 records per warp in flight, 4
-// CTAs per SM instead of 3) took 26.4 → 30.9 µs; 36bac63, 2026-12-04-ab-skinny-m32-probes-FAILED-h200-s31.md)
+// (Measured and not kept: kernels/w12_gemv_tried.md, "Skinny kernel".)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
@@ -797,82 +772,8 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // order), added by splitk_last4.  The CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
 // memory without bank conflicts (the [128][MT] layout cost ~15 % of the stall samples at M = 128,
 // 2026-12-02-kernels-ncu-ws-sass-h200-s15.md).
-// (Measured slower, 2026-12-02-ws-configs-h200-s15-call2-clusters.md: clusters of 2 or 4 CTAs sharing each X tile
-// by bulk multicast, ~2× slower than one CTA; the cluster launch alone cost ~5 %; commit ffd94d1.  Leaving one wgmma
-// group in flight across records: wrong results — the next record's A fragments land in registers the in-flight
-// wgmma still reads, and pinning them makes ptxas serialize the wgmma; b90770f, -call6-wait1-FAILED.md.  Four
-// consumer warpgroups on the two halves of the M tile: slower everywhere; cc880a6, -call7-mh2.md.  The profile,
-// 2026-12-02-kernels-ncu-ws-h200-s15.md: at M = 128 neither L2 nor DRAM is the limit but the per-record chain.
-// The SS form — decoder warps storing the A tiles to shared memory with stmatrix, two MMA warpgroups running wgmma
-// from shared memory one commit group ahead: the same bits, 0.72–1.03× this kernel's speed, geomean 0.84; b509962,
-// 2026-12-02-ws-ss-FAILED-h200-s17.md.  A tenth warp staging all 8 warps' escape lists while the consumers start
-// (the prologue, 2.3–3.8 µs per CTA by bench/ws_trace.py): 1–7 % slower, 2026-12-03-ws-epilogue-h200-s18.md.
-// Programmatic dependent launch of this kernel after w12_x_ws_kernel (weights of the first slots before the wait):
-// within 0.5 %, 2026-12-03-ws-pair-pdl-h200-s18.md.
-// Two record rows per CTA (256 channels sharing each X tile, half the L2 → shared-memory X traffic; escapes added
-// into the accumulators; setmaxnreg at nt = 16): slower in 37 of 40 buckets, equal at M = 128; 6d3b07e,
-// 2026-12-03-ws-rows2-FAILED-h200-s20.md.  At nt = 16 the next record's decode pipelined under the current record's
-// wgmma (wait_group 1, fragments alternating between two register sets in a loop unrolled by two — legal, and ptxas
-// does not serialize it): same bits, W12 1–3 % slower, view 4 % faster; 617ee9c, 2026-12-03-ws-pipelined-h200-s20.md.
-// What bounds M = 128 (bench/ws_diag.py, 2026-12-03-ws-diag-h200-s20.md): the wgmma work as issued, ~90 % of the
-// call with no decode at all; the ring alone ~60 %.  Finer, 2026-12-03-ws-diag2-h200-s21.md (151936×5120, ns per
-// record per SM): full 746, without the in-loop escapes 684, without the ring too 561, and with constant fragments
-// (wgmma alone) 393 against ~280 for the tensor cores' dense rate — the decode adds to the chain, it does not overlap
-// the wgmma (both warpgroups wait on the same slot, yet starting warpgroup 1 ~400 clocks late changes nothing:
-// the gaps are each warpgroup's own commit → wait per record; 2026-12-03-ws-diag3-offset-h200-s22.md).  Measured
-// slower, session 22: calling ws_escapes only on records with staged escapes (a ballot per 32 records finds them),
-// same bits, M = 32 1.025 → 1.005, M = 128 0.688 → 0.665; fab341a, 2026-12-03-ab-ws-skip-m32-h200-s22.md.  Session 21
-// (2026-12-03-ab-*-s21.md): the escapes in a tenth warp or in the producer warp (−3 % and −11 % at M = 32, −3 % at
-// M = 128: that warp's wait and its slot release sit on the ring), and KS — the two warpgroups taking records in
-// turn, each for all 128 channels, setmaxnreg 56/224 — 0.79–0.85× on the shapes it finished before a launch failure;
-// 2397d02, 3784e4f, 80984cb.  Session 24: a stream-K grid — P = 132 or 264 CTAs per M tile, each streaming an equal
-// contiguous run of records across record rows, segments finished as split-K pieces — correct, but slower on all 40
-// (shape, M ≤ 64) cases, 3–25 % at P = 264 (a CTA's segment boundaries cost more than the waves it saves; 6ec85a9,
-// 2026-12-03-wsk-stream-k-FAILED-h200-s24.md); and at nt ≤ 4 the odd k-steps into a second accumulator set (two
-// dependent wgmma chains of two per record instead of one of four): M = 32 1.050 → 1.041; cc4aa97,
-// 2026-12-03-ab-ws-acc2-h200-s24.md.  And X staged by the producer warp instead of the reorder kernel (which with its
-// launch gap is the first ~2.8 µs of an M = 32 call): through the producer's registers one record ahead, M = 32
-// 1.036 → 0.838; by 4-byte cp.async counted on the full barrier, 1.049 → 0.828 and M = 64 0.916 → 0.578 — same bits,
-// but the one producer warp then limits the ring; 29ec0fe, 45d8143, 2026-12-03-ab-ws-xself-h200-s24.md.  Session
-// 20's nt = 16 pipelining (617ee9c: wait_group 1, alternating fragments) at nt ≤ 4: same bits, no serialization,
-// but W12 spills at its 96 registers and M = 32 went 1.035 → 0.956 (view 1.371 → 1.347); d97d425,
-// 2026-12-03-ab-ws-pipe-nt4-h200-s24.md.  Session 27: X staged by the 256 consumer threads instead (no reorder
-// kernel) — 16-byte loads one record ahead in registers, or 4-byte cp.async counted on the full barrier, with or
-// without a record of slack before each slot's empty wait — same bits, M = 32 1.09 → 0.84–0.93, M = 128 0.72 →
-// 0.42–0.45: per-record X staging on the consumers' chain costs far more than the reorder kernel; 2420d06, b662537,
-// bac534f, 2026-12-04-ab-ws-x-consumers-FAILED-h200-s27.md.  Session 29: X staged by extra warps of this kernel — an X
-// warp's cp.async + in-place permute (M = 32 1.07 → 0.93), one cp.async.bulk per X row (0.70: ~50 clocks per small
-// bulk copy), the producer's lanes' cp.async + arrive.noinc then an X warp's permute (1.04), two X warps loading the
-// next record into registers before the slot frees (1.05; 4096² and 6144×4096 unchanged: the first kernel after the
-// flush pays the dirty-L2 write-back whichever it is) — same bits, none faster; 44911c3, ec96579, c807fd1, b62ec09,
-// 2026-12-04-ab-ws-x-warps-FAILED-h200-s29.md.  And at nt = 16 two warpgroup pairs taking the records in turn (16
-// consumer warps, accumulators added in a fixed order at the end, escapes in the epilogue, slots refilled by the last
-// releasing warp, six stages so that a slot keeps one parity — with five the faster pair met its slot two mbarrier
-// phases ahead and hung): deterministic, M = 128 0.716 → 0.602; twice the record chains per SM do not help, so the
-// bound is shared (wgmma with register A, or shared-memory bandwidth), not the chain's latency; 2fe2d08, d5718e4,
-// 2026-12-04-ab-ws-p2-FAILED-h200-s29.md.)  Where the chain's time goes at nt = 16 (bench/wgmma_bound.py, 151936×5120,
-// ns per record per SM, one run): the tensor cores alone 285 (register A, one record per commit and wait_group 0 run
-// at the dense rate: neither RS nor the wait per record is a cost); + the decode from shared memory 391 (349 with two
-// records per commit, as below; 298 with four warpgroups); + the ring carrying records and X tiles 606 (records only
-// 540, with 8 stages 507); the kernel itself (escapes, epilogue, X reorder kernel) 675, cuBLAS's 0.95 needs ~600.  So
-// the ring's streaming — 16 KB of X beside each 12 KB record — costs more than decode and wgmma together.  Depth
-// helps the records alone but not records with X tiles in the bare ring (587 → 608 → 614 at 5/6/7 stages,
-// -wgmma-ring-stages-h200-s30.md; another machine: 520 → 567 → 599, -rerun.md), though the view kernel gained 6 % at
-// M = 128 from 7 stages (ws_stages).  W12 has no room for them: its escape corrections take 64 KB, and holding them in
-// registers instead spilled (168-register cap at 288 threads; M = 128 0.716 → 0.462, -ab-ws-rcorr-FAILED-h200-s30.md).
-// 2026-12-04-wgmma-bound-h200-s30.md, -wgmma-ring-bound-h200-s30.md.
-// Session 31, all slower and reverted: the escapes moved out of the main loop — added in the epilogue from X in
-// global memory (corr's 64 KB freed for the view's ring depths): W12 M = 128 0.722 → 0.639, M = 64 0.971 → 0.865;
-// with W12's own depths still 10–15 % slower at M = 32–128 (128 rows of scattered 2-byte X loads per escape, all CTAs
-// of a wave at once, on the CTA's tail); with X^T written beside xq so that an escape's column is contiguous, still
-// 0.625–0.642 at M = 128 (8afc307, f8433e9, 41d129a, 2026-12-04-ab-ws-epilogue-escapes-FAILED-h200-s31.md); and
-// patched into the A fragments before the MMAs (the bf16 of w · 2^(127 − E_n), exact in the normal range; the rest
-// corrected at the end), the ring as deep as the view's: M = 128 0.721 → 0.726 (the spread), M = 64 0.972 → 0.933,
-// M = 32 1.078 → 1.034 — the entries must be staged before the first record (5447a43).  A persistent nt = 16 form
-// (one CTA per SM over the tiles, one ring across them, each warp ending its own tile, no CTA barrier): the same bits,
-// W12 M = 128 0.714 → 0.709 and the view 0.961 → 0.916 (caf636b; with 5 stages and a separate sums region, bee7bde,
-// worse still); 2026-12-04-ab-ws-persistent-patch-FAILED-h200-s31.md.  So neither the CTA's start and end nor
-// corr's shared memory is what bounds M = 128: the per-record chain is (see the bounds above).
+// What bounds M = 128, and the alternatives measured and not kept (clusters, SS wgmma, stream-K, X staged in the
+// kernel, escapes elsewhere, persistent and pipelined forms): kernels/w12_gemv_tried.md, "ws kernel".
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
