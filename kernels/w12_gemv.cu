@@ -48,9 +48,6 @@ namespace {
 
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
-#ifndef W12_WS_ROT
-#define W12_WS_ROT 1
-#endif
 
 // A weight load: read-only path, no L1 allocation, with an L2 cache-hint policy (weight_policy).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
@@ -849,14 +846,6 @@ size_t ws_smem(int kps) {  // 1024-aligned ring, (W12:) corr [8][16][MT] and ent
 
 // ---- the ws kernel's pieces
 
-// The i-th record a CTA processes is its record a + ws_rec(i): the CTAs of record row nb start rot(nb) records into
-// their range and wrap, rot spread evenly over the rows, so that the CTAs of a wave do not all fetch the same X tile
-// at once (every CTA reads every X tile of its range).
-__device__ __forceinline__ int ws_rec(int i, int rot, int nrec) {
-  const int j = i + rot;
-  return j >= nrec ? j - nrec : j;
-}
-
 // The producer warp (lane 0 copies): record a + i and its X tile -> slot i % STAGES, once the slot's `empty` completed.
 // wfirst: the record copies carry L2 evict_first (each record is read by the CTAs of one record row only, the X
 // tiles by every CTA): 3–9 % faster at M = 32–64 on all but the LM heads, which lose 2–3 % at M = 16–32
@@ -865,7 +854,7 @@ __device__ __forceinline__ int ws_rec(int i, int rot, int nrec) {
 template <int NT, bool VIEW, int STAGES>
 __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64_t* empty, const uint8_t* rec,
                                            const uint8_t* xq, int nb, int KB, int a, int nrec, int Mpad, int m0,
-                                           int lane, bool wfirst, int rot) {
+                                           int lane, bool wfirst) {
   uint64_t first;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
   constexpr int XB = 8 * NT * 128, SLOT = ws_slot<NT>();
@@ -877,13 +866,12 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
-      const int j = ws_rec(i, rot, nrec);
       mbar_expect(full + s, XB + WBYTES);
-      bulk_g2s(slot, xsrc + (size_t)j * Mpad * 128, XB, full + s);
+      bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
       if (wfirst)
-        bulk_g2s(slot + XB, wsrc + (size_t)j * REC, WBYTES, full + s, first);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
-        bulk_g2s(slot + XB, wsrc + (size_t)j * REC, WBYTES, full + s);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
   }
@@ -1018,7 +1006,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
   const int S = gridDim.z, kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
-  const int rot = W12_WS_ROT && nrec > 0 ? (int)(((long)nb * nrec) / gridDim.x) : 0;  // ws_rec
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
@@ -1035,7 +1022,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   int e_lo = 0, e_hi = 0;
   float* my_corr = CORR ? corr + (warp & 7) * 16 * MT : nullptr;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
   if (warp == 8) {  // ---- producer
-    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0, rot);
+    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
   } else {  // ---- consumers
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
@@ -1063,8 +1050,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, ws_rec(i, rot, nrec), a, slot0, s_e + 16 * warp, my_corr, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, ws_rec(i + 1, rot, nrec), a, slot1, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
@@ -1085,7 +1072,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, ws_rec(i, rot, nrec), a, slot, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
