@@ -48,15 +48,6 @@ namespace {
 
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
-#ifndef W12_WS_LDG
-#define W12_WS_LDG 1
-#endif
-#ifndef W12_WS_LDG_D
-#define W12_WS_LDG_D 2
-#endif
-// W12_WS_LDG: at NT = 16 the ws consumers load their records themselves (registers), the ring carries X only
-template <int NT>
-__host__ __device__ constexpr bool ws_ldg() { return W12_WS_LDG && NT >= 16; }
 
 // A weight load: read-only path, no L1 allocation, with an L2 cache-hint policy (weight_policy).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
@@ -838,14 +829,13 @@ __host__ __device__ constexpr int ws_corr_bytes() {
 // and up to NT = 8 as many as W12's ~100 KB hold.
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
-  if (ws_ldg<NT>()) return 8;
   if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
   return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
 __host__ __device__ constexpr int ws_slot() {  // bytes of one slot: X tile (MT rows of 128 B), then the record
-  return 8 * NT * 128 + (ws_ldg<NT>() ? 0 : REC);
+  return 8 * NT * 128 + REC;
 }
 
 template <int NT, bool VIEW>
@@ -876,10 +866,9 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
       uint8_t* slot = ring + s * SLOT;
-      mbar_expect(full + s, XB + (ws_ldg<NT>() ? 0 : WBYTES));
+      mbar_expect(full + s, XB + WBYTES);
       bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-      if (ws_ldg<NT>()) {
-      } else if (wfirst)
+      if (wfirst)
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
         bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
@@ -902,29 +891,6 @@ __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, i
   for (int k = 0; k < 4; ++k) {
     decode4<VIEW>(word(va, k), VIEW ? 0u : word(na, k), nkeep, fa[k][0], fa[k][2]);
     decode4<VIEW>(word(vb, k), VIEW ? 0u : word(nbw, k), nkeep, fa[k][1], fa[k][3]);
-  }
-}
-
-// W12_WS_LDG: a consumer lane's words of one record, loaded from global memory straight into registers (the skinny
-// kernel's loads), and their decode into the A fragments (as ws_decode, from registers instead of the slot).
-struct WsWords {
-  uint4 va, vb, na, nb;
-};
-template <bool VIEW>
-__device__ __forceinline__ void ws_load(WsWords& w, const uint8_t* r, int v0, int v1, int n0, int n1, uint64_t pol) {
-  w.va = ld_stream(r + v0, pol);
-  w.vb = ld_stream(r + v1, pol);
-  if (!VIEW) {
-    w.na = ld_stream(r + n0, pol);
-    w.nb = ld_stream(r + n1, pol);
-  }
-}
-template <bool VIEW>
-__device__ __forceinline__ void ws_decode_regs(const WsWords& w, uint32_t nkeep, uint32_t (&fa)[4][4]) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    decode4<VIEW>(word(w.va, k), VIEW ? 0u : word(w.na, k), nkeep, fa[k][0], fa[k][2]);
-    decode4<VIEW>(word(w.vb, k), VIEW ? 0u : word(w.nb, k), nkeep, fa[k][1], fa[k][3]);
   }
 }
 
@@ -1066,77 +1032,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
-    if constexpr (ws_ldg<NT>()) {
-      // records by the consumers' own loads, D steps of ST records ahead in registers; the ring carries X only
-      constexpr int ST = 2, D = W12_WS_LDG_D;
-      const int lv0 = (16 * warp + g) * 64 + 16 * t, lv1 = lv0 + 8 * 64;
-      const int ln0 = VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), ln1 = ln0 + 8 * 32;
-      const uint8_t* wrow = rec + ((size_t)nb * KB + a) * REC;
-      uint64_t pol;
-      if (wfirst)
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-      else
-        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-      WsWords buf[D][ST];
-#pragma unroll
-      for (int d = 0; d < D; ++d)
-#pragma unroll
-        for (int u = 0; u < ST; ++u)
-          if (d * ST + u < nrec) ws_load<VIEW>(buf[d][u], wrow + (size_t)(d * ST + u) * REC, lv0, lv1, ln0, ln1, pol);
-      for (int i0 = 0; i0 < nrec; i0 += D * ST) {
-#pragma unroll
-        for (int d = 0; d < D; ++d) {
-          const int ii = i0 + d * ST;
-          if (ST == 2 && ii + 1 < nrec) {
-            const int s0 = ii % STAGES, s1 = (ii + 1) % STAGES;
-            const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
-            uint32_t fa[4][4], fb[4][4];
-            ws_decode_regs<VIEW>(buf[d][0], nkeep, fa);
-            ws_decode_regs<VIEW>(buf[d][ST - 1], nkeep, fb);
-            if (ii + D * ST < nrec) ws_load<VIEW>(buf[d][0], wrow + (size_t)(ii + D * ST) * REC, lv0, lv1, ln0, ln1, pol);
-            if (ii + 1 + D * ST < nrec)
-              ws_load<VIEW>(buf[d][ST - 1], wrow + (size_t)(ii + 1 + D * ST) * REC, lv0, lv1, ln0, ln1, pol);
-            mbar_wait(full + s0, (ii / STAGES) & 1);
-            mbar_wait(full + s1, ((ii + 1) / STAGES) & 1);
-            fence_acc(acc);
-            wg_fence();
-            ws_mma<NT>(acc, fa, saddr(slot0));
-            ws_mma<NT>(acc, fb, saddr(slot1));
-            wg_commit();
-            if (!VIEW) {
-              if (ii == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-              ws_escapes<MT>(my_toff, my_ent, e_lo, ii, a, slot0, s_e + 16 * warp, my_corr, lane);
-              ws_escapes<MT>(my_toff, my_ent, e_lo, ii + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
-            }
-            wg_wait0();
-            __syncwarp();
-            if (lane == 0) {
-              mbar_arrive(empty + s0);
-              mbar_arrive(empty + s1);
-            }
-          } else if (ii < nrec) {
-            const int s0 = ii % STAGES;
-            const uint8_t* slot0 = ring + s0 * SLOT;
-            uint32_t fa[4][4];
-            ws_decode_regs<VIEW>(buf[d][0], nkeep, fa);
-            if (ii + D * ST < nrec) ws_load<VIEW>(buf[d][0], wrow + (size_t)(ii + D * ST) * REC, lv0, lv1, ln0, ln1, pol);
-            mbar_wait(full + s0, (ii / STAGES) & 1);
-            fence_acc(acc);
-            wg_fence();
-            ws_mma<NT>(acc, fa, saddr(slot0));
-            wg_commit();
-            if (!VIEW) {
-              if (ii == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-              ws_escapes<MT>(my_toff, my_ent, e_lo, ii, a, slot0, s_e + 16 * warp, my_corr, lane);
-            }
-            wg_wait0();
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + s0);
-          }
-        }
-      }
-      i = nrec;
-    }
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
     // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
     // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
