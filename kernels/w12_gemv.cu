@@ -48,9 +48,6 @@ namespace {
 
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
-#ifndef W12_WS_PIECES
-#define W12_WS_PIECES 4
-#endif
 
 // A weight load: read-only path, no L1 allocation, with an L2 cache-hint policy (weight_policy).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
@@ -867,18 +864,14 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
-    uint8_t* slot = ring + s * SLOT;
     if (lane == 0) {
+      uint8_t* slot = ring + s * SLOT;
       mbar_expect(full + s, XB + WBYTES);
       bulk_g2s(slot, xsrc + (size_t)i * Mpad * 128, XB, full + s);
-    }
-    __syncwarp();
-    constexpr uint32_t PB = WBYTES / W12_WS_PIECES;  // the record in W12_WS_PIECES copies, one per lane
-    if (lane < W12_WS_PIECES) {
       if (wfirst)
-        bulk_g2s(slot + XB + lane * PB, wsrc + (size_t)i * REC + lane * PB, PB, full + s, first);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s, first);
       else
-        bulk_g2s(slot + XB + lane * PB, wsrc + (size_t)i * REC + lane * PB, PB, full + s);
+        bulk_g2s(slot + XB, wsrc + (size_t)i * REC, WBYTES, full + s);
     }
     __syncwarp();
   }
