@@ -3,15 +3,16 @@
     python bench/ab_kernel.py --build DIR [--rev NAME=REV ...]    # here (nvcc); default old=HEAD new=worktree
     W12_CUDA=1 python bench/ab_kernel.py --libs DIR [--m 1,2] [--rounds 3] [--out OUT]   # on the GPU
 
-A change to the skinny kernel that must not change a bit (an epilogue, a load qualifier, a pipeline) is judged
-against the build it replaces in the same process, not against a table from another day (run-to-run spread on the
-H200 is about ±2 %). --build writes one library per NAME (REV: a git revision, `worktree` for the file as it is
-now, or file:PATH for a variant written elsewhere, e.g. the worktree with other #define defaults) with cuda_build's
-flags but -lineinfo. On the GPU, for every shape of bench/kernels.py and every M of --m, W12 and view, with the
-config gemm_cuda dispatches: every library's output is compared with the first library's bits (one with other bits is listed — its largest difference, and whether it repeats its own bits — and its cells marked
-≠); then each is timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) in --rounds
-interleaved rounds (the median round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md, rewritten after every
-row so that a call that dies (a kernel that faults or hangs: run it under `timeout`) keeps what it measured.
+A change to the skinny kernel that must not change a bit (an epilogue, a load qualifier, a pipeline) is judged against
+the build it replaces in the same process, not against a table from another day (run-to-run spread on the H200 is
+about ±2 %). --build writes one library per NAME (REV: a git revision, `worktree` for the file as it is now, or
+file:PATH for a variant written elsewhere, e.g. the worktree with other #define defaults) with cuda_build's flags but
+-lineinfo. On the GPU, for every shape of bench/kernels.py and every M of --m, W12 and view, with the config gemm_cuda
+dispatches: every library's output is compared with the first library's bits (one with other bits is listed — its
+largest difference, and whether it repeats its own bits — and its cells marked ≠); then each is timed as
+bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) in --rounds interleaved rounds (the median
+round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md, rewritten after every row so that a call that dies (a
+kernel that faults or hangs: run it under `timeout`) keeps what it measured.
 """
 
 import argparse
