@@ -48,12 +48,6 @@ namespace {
 
 constexpr int REC = 12288;   // bytes per 128 × 64 record
 constexpr int VIEW_BYTES = 8192;
-#ifndef W12_PF_NT1
-#define W12_PF_NT1 1
-#endif
-#ifndef W12_PF_NT2
-#define W12_PF_NT2 0
-#endif
 
 // A weight load: read-only path, no L1 allocation, with an L2 cache-hint policy (weight_policy).
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
@@ -61,14 +55,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint8_t* p, uint64_t pol) {
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol));
   return r;
-}
-
-// An L2 prefetch of a warp's slice of one record (its 16 rows: 1 KB of view bytes at 64·r0, 512 B of nibbles at
-// 8192 + 32·r0: 12 lines of 128 B), one line per lane (lanes 0–11; `off` = the lane's line in the record, −1: none);
-// the register loads of that record, PF iterations later, then wait for L2 instead of DRAM.
-__host__ __device__ constexpr int skinny_pf(int nt, int u) { return nt >= 2 ? W12_PF_NT2 : u == 1 ? W12_PF_NT1 : 0; }
-__device__ __forceinline__ void prefetch_slice(const uint8_t* r, int off) {
-  if (off >= 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + off));
 }
 
 // The skinny kernel's L2 priority for its weight lines: `pct` % of them evict_normal, the rest evict_first
@@ -226,14 +212,6 @@ struct Group {
           for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
         }
       }
-    }
-  }
-
-  __device__ __forceinline__ static void prefetch(const uint8_t* base, int kb0, int KB, int warps, int pf_off) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * warps;
-      if (kb < KB) prefetch_slice(base + (size_t)kb * REC, pf_off);
     }
   }
 
@@ -560,12 +538,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-  constexpr int PF = TRACE ? 0 : skinny_pf(NT, U);
-  using G = Group<NT, VIEW, U, NT <= 2 || XREG>;
-#pragma unroll
-  const int pf_off = lane < 8 ? 64 * r0 + 128 * lane : !VIEW && lane < 12 ? VIEW_BYTES + 32 * r0 + 128 * (lane - 8) : -1;
-#pragma unroll
-  for (int i = 2; i < 2 + 2 * PF; ++i) G::prefetch(base, a + warp + i * STEP, b, WARPS, pf_off);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
@@ -575,10 +547,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
     ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-    if (PF) G::prefetch(base, kb0 + (2 + 2 * PF) * STEP, b, WARPS, pf_off);
     gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
     gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-    if (PF) G::prefetch(base, kb0 + (3 + 2 * PF) * STEP, b, WARPS, pf_off);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
