@@ -1013,7 +1013,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     }
     mbar_init_fence();
   }
-  __syncthreads();  // the barriers are ready: the producer starts at once (each consumer warp loads its exponents)
+  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);
+  __syncthreads();
 
   float acc[NT][4];
 #pragma unroll
@@ -1029,8 +1030,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     int* my_toff = s_toff + warp * (kps + 1);
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
-    if (lane == 0)  // the warp's 16 exponents (s_e[16·warp ..]: only this warp reads them)
-      reinterpret_cast<uint4*>(s_e)[warp] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + warp);
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
     // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
