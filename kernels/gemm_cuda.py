@@ -441,7 +441,9 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
-        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), cfg.split, 128 * 8 * cfg.nt)
+        # split 2 runs as a cluster pair that adds its partials in shared memory (w12_gemv.cu finish_tile_cluster)
+        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), 1 if cfg.split == 2 else cfg.split,
+                                128 * 8 * cfg.nt)
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,

@@ -777,6 +777,73 @@ __device__ __forceinline__ int x_off(int m, int col) {
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
 
 __device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- split K inside a cluster (the ws kernel at S = 2, launched with cluster dims (1, 1, 2)): the two CTAs of a tile
+// keep their partial sums in their own shared memory; after a cluster barrier CTA z adds, for its half of the tile's
+// X rows, the partials read through distributed shared memory in the order z = 0, 1 (0 + p0 + p1: the bits of
+// splitk_last4), stores them, and a second barrier keeps both CTAs' shared memory alive until all reads are done.
+// No partials in global memory, no tickets: 6144×4096 M = 128 (nt 16, split 2) 37.5 → 35.1 µs, the view 29.8 → 27.3.
+// Clusters of 3–6 (the other split entries) were much slower — a cluster waits for that many free SMs of one GPC:
+// 4096×14336 M = 128 (split 4) 56.5 → 91.9 µs, 5120×25600 (split 3) 105.7 → 181.3; so S = 2 only
+// (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster4(uint32_t local, uint32_t rank) {  // float4 at `local` in CTA `rank`
+  uint32_t a;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a)
+               : "memory");
+  return v;
+}
+
+// The tile's sums cta_red [MT][128] (X row-major, the ws kernel's layout), one partial per CTA of the cluster.
+template <int MT, int THREADS>
+__device__ __forceinline__ void finish_tile_cluster(const float* cta_red, __nv_bfloat16* y, int ldy, int N, int n0,
+                                                    int m0, int mcount) {
+  cluster_sync();  // every CTA's partial sums are complete
+  const int S = (int)cluster_size(), z = (int)cluster_rank(), per = (mcount + S - 1) / S;
+  const int mlo = min(mcount, z * per), mhi = min(mcount, mlo + per);
+  const uint32_t base = saddr(cta_red);
+  const bool vec = n0 + 128 <= N && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+  for (int idx = threadIdx.x; idx < 16 * (mhi - mlo); idx += THREADS) {
+    const int r = 8 * (idx & 15), m = mlo + (idx >> 4);
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    for (int zz = 0; zz < S; ++zz) {
+      const float4 u = ld_cluster4(base + 4 * (m * 128 + r), zz), v = ld_cluster4(base + 4 * (m * 128 + r + 4), zz);
+      a.x += u.x;
+      a.y += u.y;
+      a.z += u.z;
+      a.w += u.w;
+      b.x += v.x;
+      b.y += v.y;
+      b.z += v.z;
+      b.w += v.w;
+    }
+    const float o[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    __nv_bfloat16* yr = y + (size_t)(m0 + m) * ldy + n0 + r;
+    if (vec) {
+      const __nv_bfloat162 h[4] = {__floats2bfloat162_rn(o[0], o[1]), __floats2bfloat162_rn(o[2], o[3]),
+                                   __floats2bfloat162_rn(o[4], o[5]), __floats2bfloat162_rn(o[6], o[7])};
+      *reinterpret_cast<uint4*>(yr) = *reinterpret_cast<const uint4*>(h);
+    } else {
+      for (int e = 0; e < 8; ++e)
+        if (n0 + r + e < N) yr[e] = __float2bfloat16_rn(o[e]);
+    }
+  }
+  cluster_sync();  // no CTA frees its shared memory while another still reads it
+}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(bar)), "r"(count) : "memory");
 }
@@ -1088,6 +1155,10 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
   }
+  if (S > 1 && cluster_size() == (uint32_t)S) {  // split K in a cluster pair (launch_ws: S = 2)
+    finish_tile_cluster<MT, WS_THREADS>(reinterpret_cast<float*>(ring), y, ldy, N, nb * 128, m0, mcount);
+    return;
+  }
   finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
                                    S, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
@@ -1110,11 +1181,21 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
-  dim3 grid(NB, mtiles, split);
-  kern<<<grid, WS_THREADS, smem, st>>>(
-      (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-      (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (float*)ws, (int*)tickets, wfirst);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(NB, mtiles, split);
+  cfg.blockDim = dim3(WS_THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;  // split K in a cluster pair (finish_tile_cluster)
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = split;
+  cfg.attrs = attr;
+  cfg.numAttrs = split == 2 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
+                            (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy,
+                            N, KB, (float*)ws, (int*)tickets, wfirst);
 }
 
 struct Args {
