@@ -64,6 +64,11 @@ WS_NTS = (2, 4, 6, 8, 16)
 # joins (ws 8/4 24.4 µs against skinny 29.0); 6144×4096 M = 64 split 4 → 5, 10240×5120 M = 128 split 1 → 3
 # (2–6 % each); the other 16 entries kept their configs.  (4096² M = 128 two nt-8 tiles → one nt-16 tile was 2 %
 # faster in the sweep, equal for W12 and 3 % slower for the view in the full run: not adopted.)
+# Session 32, with split 2 as a cluster pair (2026-12-04-ws-configs-m32-64-cluster-h200-s32.md): 51200×5120 takes
+# split 2 at M = 48 (143.2 → 139.3 µs against split 3) and 64 (153.2 → 146.9 against split 1), confirmed in the full
+# run (141.9 → 138.3, 151.9 → 147.1; the view 103.2 → 98.0 at 48).  The sweep also put the two LM heads' 64-row tile
+# ahead at M = 48 (128256×4096 258.3 → 238.5, 151936×5120 396.7 → 339.1), but the full run did not confirm it
+# (241.1 → 239.7 and 361.9 → 377.5; their view 5 % slower): not adopted.
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=6, split=5),
     (6144, 4096, 64): WsConfig(nt=8, split=5),
@@ -94,8 +99,8 @@ WS_TABLE: dict = {
     (5120, 8192, 128): WsConfig(nt=16, split=3),
     (51200, 5120, 16): WsConfig(nt=2, split=3),
     (51200, 5120, 32): WsConfig(nt=4, split=3),
-    (51200, 5120, 48): WsConfig(nt=6, split=3),
-    (51200, 5120, 64): WsConfig(nt=8, split=1),
+    (51200, 5120, 48): WsConfig(nt=6, split=2),
+    (51200, 5120, 64): WsConfig(nt=8, split=2),
     (51200, 5120, 128): WsConfig(nt=16, split=1),
     (5120, 25600, 32): WsConfig(nt=4, split=6),
     (5120, 25600, 48): WsConfig(nt=6, split=6),
