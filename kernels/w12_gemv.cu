@@ -769,7 +769,8 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // x[m, col] · (w − w_code) of its tile's entries of record kb, in list order, to its fp32 corr[MT][16] in shared
 // memory (real units); the epilogue writes y = Σ acc · 2^(E_n − 127) + corr, then the entries past the WS_ECAP staged
 // ones from global memory (still list order).  Split K as in the skinny kernel (partials in ws, tickets, fixed
-// order), added by splitk_last4.  The CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
+// order), added by splitk_last4; at S = 2 the tile's two CTAs run as a cluster pair instead (finish_tile_cluster).
+// The CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
 // memory without bank conflicts (the [128][MT] layout cost ~15 % of the stall samples at M = 128,
 // 2026-12-02-kernels-ncu-ws-sass-h200-s15.md).
 // What bounds M = 128, and the alternatives measured and not kept (clusters, SS wgmma, stream-K, X staged in the
