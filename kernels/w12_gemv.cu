@@ -275,6 +275,21 @@ __device__ __forceinline__ bool splitk_last(float* red, int n, float* part, int 
   return true;
 }
 
+// s += v, component by component (the split-K reductions' one add per partial)
+__device__ __forceinline__ void add4(float4& s, const float4& v) {
+  s.x += v.x;
+  s.y += v.y;
+  s.z += v.z;
+  s.w += v.w;
+}
+
+// Eight outputs (channels c..c+7 of one X row, a then b) rounded to bf16 and stored with one 16-byte store at yr.
+__device__ __forceinline__ void store_bf16x8(__nv_bfloat16* yr, float4 a, float4 b) {
+  const __nv_bfloat162 h[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                               __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+  *reinterpret_cast<uint4*>(yr) = *reinterpret_cast<const uint4*>(h);
+}
+
 // The ws kernel's (finish_tile): the same adds in the same order per output (0 + p0 + p1 + …, so the same bits), from
 // float4 loads, R float4 outputs per thread per round with all R · S loads in flight: R = 8 / 4 / 2 for S ≤ 2 / 4 / 8,
 // 16 float4 (64 registers; the accumulators are dead by then) in every case.  Each round is one L2 round trip: a
@@ -296,12 +311,7 @@ __device__ __forceinline__ void splitk_add(float4* red4, const float4* p4, int n
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int zz = 0; zz < SMAX; ++zz)
-        if (zz < S) {
-          sum.x += v[h][zz].x;
-          sum.y += v[h][zz].y;
-          sum.z += v[h][zz].z;
-          sum.w += v[h][zz].w;
-        }
+        if (zz < S) add4(sum, v[h][zz]);
       if (i + h * nth < n4) red4[i + h * nth] = sum;
     }
   }
@@ -367,11 +377,8 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
     // eight channels per thread: two 16-byte shared loads, one 16-byte store (the same roundings as below)
     for (int idx = threadIdx.x; idx < CH / 8 * mcount; idx += THREADS) {
       const int r = 8 * (idx % (CH / 8)), m = idx / (CH / 8);
-      const float4 a = *reinterpret_cast<const float4*>(cta_red + m * CH + r);
-      const float4 b = *reinterpret_cast<const float4*>(cta_red + m * CH + r + 4);
-      const __nv_bfloat162 h[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
-                                   __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
-      *reinterpret_cast<uint4*>(y + (size_t)(m0 + m) * ldy + n0 + r) = *reinterpret_cast<const uint4*>(h);
+      store_bf16x8(y + (size_t)(m0 + m) * ldy + n0 + r, *reinterpret_cast<const float4*>(cta_red + m * CH + r),
+                   *reinterpret_cast<const float4*>(cta_red + m * CH + r + 4));
     }
     return;
   }
@@ -822,23 +829,14 @@ __device__ __forceinline__ void finish_tile_cluster(const float* cta_red, __nv_b
     const int r = 8 * (idx & 15), m = mlo + (idx >> 4);
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
     for (int zz = 0; zz < S; ++zz) {
-      const float4 u = ld_cluster4(base + 4 * (m * 128 + r), zz), v = ld_cluster4(base + 4 * (m * 128 + r + 4), zz);
-      a.x += u.x;
-      a.y += u.y;
-      a.z += u.z;
-      a.w += u.w;
-      b.x += v.x;
-      b.y += v.y;
-      b.z += v.z;
-      b.w += v.w;
+      add4(a, ld_cluster4(base + 4 * (m * 128 + r), zz));
+      add4(b, ld_cluster4(base + 4 * (m * 128 + r + 4), zz));
     }
-    const float o[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     __nv_bfloat16* yr = y + (size_t)(m0 + m) * ldy + n0 + r;
     if (vec) {
-      const __nv_bfloat162 h[4] = {__floats2bfloat162_rn(o[0], o[1]), __floats2bfloat162_rn(o[2], o[3]),
-                                   __floats2bfloat162_rn(o[4], o[5]), __floats2bfloat162_rn(o[6], o[7])};
-      *reinterpret_cast<uint4*>(yr) = *reinterpret_cast<const uint4*>(h);
+      store_bf16x8(yr, a, b);
     } else {
+      const float o[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
       for (int e = 0; e < 8; ++e)
         if (n0 + r + e < N) yr[e] = __float2bfloat16_rn(o[e]);
     }
@@ -1193,7 +1191,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = split;
   cfg.attrs = attr;
-  cfg.numAttrs = split == 2 ? 1 : 0;
+  cfg.numAttrs = split == 2 ? 1 : 0;  // gemm_cuda.WS_CLUSTER_SPLIT
   return cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                             (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy,
                             N, KB, (float*)ws, (int*)tickets, wfirst);
