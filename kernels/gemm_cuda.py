@@ -69,9 +69,10 @@ WS_NTS = (2, 4, 6, 8, 16)
 # run (141.9 → 138.3, 151.9 → 147.1; the view 103.2 → 98.0 at 48).  The sweep also put the two LM heads' 64-row tile
 # ahead at M = 48 (128256×4096 258.3 → 238.5, 151936×5120 396.7 → 339.1), but the full run did not confirm it
 # (241.1 → 239.7 and 361.9 → 377.5; their view 5 % slower): not adopted.
-# The split that w12_gemv.cu's launch_ws runs as a cluster pair (finish_tile_cluster: partials added in shared
-# memory, no ws buffer or tickets); clusters of 3–8 measured much slower (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).
-WS_CLUSTER_SPLIT = 2
+# The split that w12_gemv.cu runs as a cluster pair, in both kernels (launch_ws / launch_t; finish_tile_cluster /
+# finish_pair: partials added in shared memory, no ws buffer or tickets); clusters of 3–8 measured much slower
+# (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).
+CLUSTER_SPLIT = 2
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=6, split=5),
     (6144, 4096, 64): WsConfig(nt=8, split=5),
@@ -450,7 +451,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     if isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         # no partials in global memory for a cluster pair (it adds them in shared memory)
-        partials = 1 if cfg.split == WS_CLUSTER_SPLIT else cfg.split
+        partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split
         ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), partials, 128 * 8 * cfg.nt)
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
@@ -458,7 +459,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first))
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
-        ws, tk = _split_buffers(x.device, y, tiles, cfg.split, 16 * 8 * cfg.nt)
+        partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split
+        ws, tk = _split_buffers(x.device, y, tiles, partials, 16 * 8 * cfg.nt)
         if trace is None:
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,

@@ -10,8 +10,11 @@
 //           tile (c = nb · 8 + r0 / 16, mb) × the records [z·⌈KB/S⌉, (z+1)·⌈KB/S⌉) of split z of S.
 //           With S > 1 each CTA writes its partial to ws and takes a ticket; the last of the tile's CTAs
 //           adds the partials in the order z = 0, 1, … (the same bits whatever the arrival order), stores
-//           the tile and resets the ticket.  (A stream-K grid — one wave, equal records per CTA — was
-//           measured slower at M = 1: every tile then pays the partial/ticket round trip.)
+//           the tile and resets the ticket.  S = 2 runs as a cluster pair instead: the partials added
+//           through distributed shared memory, the same adds (finish_pair; 5120×8192 M = 1 26.4 → 25.7 µs,
+//           M = 16 29.2 → 28.4, 2026-12-04-ab-skinny-cluster-pair-h200-s33.md).  (A stream-K grid — one
+//           wave, equal records per CTA — was measured slower at M = 1: every tile then pays the
+//           partial/ticket round trip.)
 //   warp  = the CTA's records kb = a + warp, a + warp + WARPS, ... (fixed, interleaved); U records per
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
@@ -388,6 +391,65 @@ __device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tick
   }
 }
 
+__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// ---- split K inside a cluster (split 2 in both kernels, launched with cluster dims (1, 1, 2)): the two CTAs of a
+// tile keep their partial sums in their own shared memory; after a cluster barrier CTA z adds, for its half of the
+// tile's outputs, the partials read through distributed shared memory in the order z = 0, 1 (0 + p0 + p1: the bits of
+// splitk_last / splitk_last4), stores them, and a second barrier keeps both CTAs' shared memory alive until all reads
+// are done.  No partials in global memory, no tickets.  The ws kernel (finish_tile_cluster): 6144×4096 M = 128 (nt 16,
+// split 2) 37.5 → 35.1 µs, the view 29.8 → 27.3.  Clusters of 3–6 (the other split entries) were much slower — a
+// cluster waits for that many free SMs of one GPC: 4096×14336 M = 128 (split 4) 56.5 → 91.9 µs, 5120×25600 (split 3)
+// 105.7 → 181.3; so S = 2 only (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).  The skinny kernel: finish_pair.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ float4 ld_cluster4(uint32_t local, uint32_t rank) {  // float4 at `local` in CTA `rank`
+  uint32_t a;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ float ld_cluster1(uint32_t local, uint32_t rank) {  // float at `local` in CTA `rank`
+  uint32_t a;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+
+// The skinny kernel's split 2 as a cluster pair: red[16][MT] holds each CTA's partial of the tile (channels n0 ..
+// n0 + 15, X rows m0 ..); CTA z stores channels 8z .. 8z + 7 as 0 + p0 + p1, splitk_last's adds.
+template <int MT>
+__device__ __forceinline__ void finish_pair(const float* red, __nv_bfloat16* y, int ldy, int N, int n0, int m0,
+                                            int mcount) {
+  cluster_sync();  // both partials complete
+  const int z = (int)cluster_rank();
+  const uint32_t base = saddr(red);
+  for (int idx = threadIdx.x; idx < 8 * mcount; idx += blockDim.x) {
+    const int r = 8 * z + (idx & 7), m = idx >> 3, n = n0 + r;
+    const uint32_t at = base + 4 * (r * MT + m);
+    float sum = 0.f;
+    sum += ld_cluster1(at, 0);
+    sum += ld_cluster1(at, 1);
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(sum);
+  }
+  cluster_sync();  // no CTA frees its shared memory while the other still reads it
+}
+
 // The skinny kernel's end for M ≤ 2 rows of X and ≤ 32 escapes (ne), in warp 0 after the barrier that
 // completes red: lane l = 16m + r returns output (r, m) = (Σ_w red[w][r][m]) · 2^(E_r − 127), then
 // + x[m, col] · (w − 2^(E_r − 142)) for row r's escapes in list order: the adds of the CTA-wide path, in the
@@ -568,6 +630,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   }
   cp_async_wait_all();
   const int mcount = min(MT, M - m0);
+  const bool pair = S == 2 && cluster_size() == 2;  // split 2 as a cluster pair (launch_t): finish_pair
   // nt ≥ 2, ≤ 32 escapes: their X fetched by every warp before the barrier, the corrections below from shared memory
   const bool xe = XE && e_hi - e_lo <= 32;
   if (xe) esc_x_prefetch<MT, WARPS>(s_xe, s_mask, s_entw[warp], e_hi - e_lo, x, ldx, m0, mcount, warp, lane);
@@ -586,6 +649,11 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
         return;
       }
       if (m < mcount) red[0][r][m] = out;
+    }
+    if (pair) {
+      finish_pair<MT>(&red[0][0][0], y, ldy, N, nb * 128 + r0, m0, mcount);
+      trace(2);
+      return;
     }
     if (!splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
       trace(2);
@@ -653,6 +721,11 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
         red[0][r][m] = out;
       }
     }
+  }
+  if (pair) {
+    finish_pair<MT>(&red[0][0][0], y, ldy, N, nb * 128 + r0, m0, mcount);
+    trace(2);
+    return;
   }
   if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
     trace(2);
@@ -783,38 +856,6 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // What bounds M = 128, and the alternatives measured and not kept (clusters, SS wgmma, stream-K, X staged in the
 // kernel, escapes elsewhere, persistent and pipelined forms): kernels/w12_gemv_tried.md, "ws kernel".
 constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
-
-__device__ __forceinline__ uint32_t saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// ---- split K inside a cluster (the ws kernel at S = 2, launched with cluster dims (1, 1, 2)): the two CTAs of a tile
-// keep their partial sums in their own shared memory; after a cluster barrier CTA z adds, for its half of the tile's
-// X rows, the partials read through distributed shared memory in the order z = 0, 1 (0 + p0 + p1: the bits of
-// splitk_last4), stores them, and a second barrier keeps both CTAs' shared memory alive until all reads are done.
-// No partials in global memory, no tickets: 6144×4096 M = 128 (nt 16, split 2) 37.5 → 35.1 µs, the view 29.8 → 27.3.
-// Clusters of 3–6 (the other split entries) were much slower — a cluster waits for that many free SMs of one GPC:
-// 4096×14336 M = 128 (split 4) 56.5 → 91.9 µs, 5120×25600 (split 3) 105.7 → 181.3; so S = 2 only
-// (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_size() {
-  uint32_t n;
-  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ float4 ld_cluster4(uint32_t local, uint32_t rank) {  // float4 at `local` in CTA `rank`
-  uint32_t a;
-  float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a)
-               : "memory");
-  return v;
-}
 
 // The tile's sums cta_red [MT][128] (X row-major, the ws kernel's layout), one partial per CTA of the cluster.
 template <int MT, int THREADS>
@@ -1191,7 +1232,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = split;
   cfg.attrs = attr;
-  cfg.numAttrs = split == 2 ? 1 : 0;  // gemm_cuda.WS_CLUSTER_SPLIT
+  cfg.numAttrs = split == 2 ? 1 : 0;  // gemm_cuda.CLUSTER_SPLIT
   return cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                             (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy,
                             N, KB, (float*)ws, (int*)tickets, wfirst);
@@ -1215,11 +1256,20 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  int n = 0;
+  if (a.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (a.split == 2) {  // split K in a cluster pair (finish_pair; gemm_cuda.CLUSTER_SPLIT)
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 2;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = a.pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
