@@ -3,6 +3,7 @@
     W12_CUDA=1 python bench/m1_configs.py [--out OUT]
     W12_CUDA=1 python bench/m1_configs.py --unseen [--out OUT]   # the 14 shapes of bench/unseen_shapes.py instead
     W12_CUDA=1 python bench/m1_configs.py --unseen --view         # the same sweep for the 8-bit view's configs
+    W12_CUDA=1 python bench/m1_configs.py --m 16                  # W12 at another M (9-64: l2 0, no view column)
 
 
 gemm_cuda.TABLE's M ≤ 8 configs were swept after a read-only (clean) L2 flush; the issue's figures are taken after
@@ -46,16 +47,17 @@ def timed(fns: dict, rounds: int) -> dict:
     return {name: statistics.median(v) for name, v in out.items()}
 
 
-def sweep_shape(si, n, k, l2s=L2S, view=False):
-    """W12's candidates (view: the 8-bit view's) at M = 1 on one shape, the view's l2 beside them (not with view)."""
+def sweep_shape(si, n, k, l2s=L2S, view=False, m=1):
+    """W12's candidates (view: the 8-bit view's) at M = m on one shape, the view's l2 beside them (not with view, and
+    only at m ≤ 8). The current config is the dispatched one, a ws config too."""
     mt = Mat(n, k, 300 + si)
-    x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     w = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True) if view else mt.w
     ref = x.float() @ w.float().t()
     t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
-    cur = gc.dispatched_config(1, n, k, view)
+    cur = gc.dispatched_config(m, n, k, view)
     cands = {}
-    for c in cuda_candidates(1):
+    for c in cuda_candidates(m):
         y0 = None
         for l2 in l2s:
             cfg = gc.CudaConfig(c.nt, c.warps, c.unroll, c.split, l2)
@@ -64,6 +66,7 @@ def sweep_shape(si, n, k, l2s=L2S, view=False):
             y0 = y if y0 is None else y0
             assert torch.equal(y.view(torch.int16), y0.view(torch.int16)), f"{cfg} {n}x{k}: bits differ across l2"
             cands[cfg] = cfg
+    assert rel(mt.run(x, view=view, cuda=cur), ref) < 1e-2, f"current {cur} {n}x{k}"
     fn = lambda cfg: (lambda: mt.run(x, view=view, cuda=cfg))  # noqa: E731
     first = {cfg: bench(fn(cfg), rep=20) for cfg in cands}
     top = sorted(first, key=first.get)[:4]
@@ -73,7 +76,7 @@ def sweep_shape(si, n, k, l2s=L2S, view=False):
     clean = {c: bench(fn(c), clean=True) for c in dict.fromkeys([cur, pick])}
     res = dict(n=n, k=k, cb=t_cb, cur=cur, t_cur=finals[cur], best=best, t_best=finals[best], pick=pick,
                t_pick=finals[pick], clean=clean, top=[(c, finals[c]) for c in sorted(finals, key=finals.get)])
-    if not view:  # the view's dispatched config at l2 0 and 100, beside W12's sweep
+    if not view and m <= 8:  # the view's dispatched config at l2 0 and 100, beside W12's sweep
         vcur = gc.dispatched_config(1, n, k, view=True)
         vcfgs = [gc.CudaConfig(vcur.nt, vcur.warps, vcur.unroll, vcur.split, l2) for l2 in (0, 100)]
         yv = [mt.run(x, view=True, cuda=c) for c in vcfgs]
@@ -87,7 +90,9 @@ def sweep_shape(si, n, k, l2s=L2S, view=False):
 
 
 def name(c):
-    return f"{c.warps}/{c.unroll}/{c.split} l2 {c.l2}"
+    if isinstance(c, gc.WsConfig):
+        return f"ws {c.nt}/{c.split}"
+    return f"{c.nt}/{c.warps}/{c.unroll}/{c.split} l2 {c.l2}" + (" xreg" if c.xreg else "")
 
 
 def main():
@@ -96,25 +101,29 @@ def main():
     ap.add_argument("--unseen", action="store_true", help="sweep bench/unseen_shapes.py's 14 shapes (the rule's M = 1 "
                     "configs) instead of bench/kernels.py's ten")
     ap.add_argument("--view", action="store_true", help="sweep the 8-bit view's configs instead of W12's (no table)")
+    ap.add_argument("--m", type=int, default=1, help="the rows of X (default 1; above 8: W12 only, l2 0)")
     a = ap.parse_args()
-    kind, flags = ("view" if a.view else "W12"), (" --unseen" if a.unseen else "") + (" --view" if a.view else "")
+    assert a.m <= 8 or not (a.view or a.unseen), "--m above 8: W12 on bench/kernels.py's shapes only"
+    kind = "view" if a.view else "W12"
+    flags = (" --unseen" if a.unseen else "") + (" --view" if a.view else "") + (f" --m {a.m}" if a.m != 1 else "")
     shapes = SHAPES
     if a.unseen:
         from unseen_shapes import UNSEEN  # bench/unseen_shapes.py
         shapes = [s for group in UNSEEN.values() for s in group]
     rows = []
     for si, (n, k) in enumerate(shapes):
-        r = sweep_shape(si, n, k, (0, 100) if a.unseen else L2S, view=a.view)
+        r = sweep_shape(si, n, k, (0,) if a.m > 8 else (0, 100) if a.unseen else L2S, view=a.view, m=a.m)
         rows.append(r)
         print(f"{n}x{k}: cuBLAS {r['cb']:.1f}; current {name(r['cur'])} {r['t_cur']:.1f}; best {name(r['best'])} "
-              f"{r['t_best']:.1f}" + ("" if a.view else f"; view l2 0/100 {list(r['vt'].values())}"), flush=True)
+              f"{r['t_best']:.1f}" + ("" if "vt" not in r else f"; view l2 0/100 {list(r['vt'].values())}"), flush=True)
     geo = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
     g_cur = geo([r["cb"] / r["t_cur"] for r in rows])
     g_pick = geo([r["cb"] / r["t_pick"] for r in rows])
-    g_vcur = None if a.view else geo([r["cb"] / r["vt"][r["vcur"]] for r in rows])
-    g_vpick = None if a.view else geo([r["cb"] / r["vt"][r["vpick"]] for r in rows])
+    vcol = not a.view and a.m <= 8
+    g_vcur = geo([r["cb"] / r["vt"][r["vcur"]] for r in rows]) if vcol else None
+    g_vpick = geo([r["cb"] / r["vt"][r["vpick"]] for r in rows]) if vcol else None
     lines = [
-        f"# M = 1 skinny {kind} configs under do_bench's flush"
+        f"# M = {a.m} skinny {kind} configs under do_bench's flush"
         f"{' on shapes outside the tables' if a.unseen else ''} — "
         f"{datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
@@ -122,8 +131,8 @@ def main():
         "- every candidate within 1e-2 of the reference, bit-equal across l2; µs: CUDA graph replay, do_bench (zeroing "
         "flush), median of 3 interleaved rounds; clean: after a read-only flush",
         f"- {kind} geomean vs cuBLAS: current {g_cur:.3f}, adopted {g_pick:.3f}"
-        + ("" if a.view else f"; view: current {g_vcur:.3f}, adopted {g_vpick:.3f}"), "",
-        "| N×K | cuBLAS µs | current (warps/unroll/split l2) | µs | adopted | µs | ratio now → adopted | clean µs current / adopted "
+        + ("" if not vcol else f"; view: current {g_vcur:.3f}, adopted {g_vpick:.3f}"), "",
+        "| N×K | cuBLAS µs | current (nt/warps/unroll/split l2) | µs | adopted | µs | ratio now → adopted | clean µs current / adopted "
         "| view l2 0 / 100 µs | view adopted | runners-up |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -131,18 +140,20 @@ def main():
         lines.append(
             f"| {r['n']}×{r['k']} | {r['cb']:.1f} | {name(r['cur'])} | {r['t_cur']:.1f} | {name(r['pick'])} | "
             f"{r['t_pick']:.1f} | {r['cb'] / r['t_cur']:.3f} → {r['cb'] / r['t_pick']:.3f} | {cl} | "
-            + ("— | — | " if a.view
+            + ("— | — | " if not vcol
                else " / ".join(f"{v:.1f}" for v in r["vt"].values()) + f" | l2 {r['vpick'].l2} | ")
             + ", ".join(f"{name(c)} {t:.1f}" for c, t in r["top"][:4]) + " |")
     text = "\n".join(lines) + "\n"
+    bucket = 8 if a.m <= 8 else 8 * gc._nt_for(a.m)  # gemm_cuda.TABLE's M bucket
     table = "" if a.view else "".join(
-        f"    ({r['n']}, {r['k']}, 8, {v}): CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}),\n"
-        for r in rows for v, c in ((False, r["pick"]), (True, r["vpick"])))
-    stem = "m1_configs" + ("-unseen" if a.unseen else "") + ("-view" if a.view else "")
+        f"    ({r['n']}, {r['k']}, {bucket}, {v}): CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}, {c.xreg}),\n"
+        for r in rows for v, c in ((False, r["pick"]), (True, r.get("vpick")))
+        if isinstance(c, gc.CudaConfig))
+    stem = f"m{a.m}_configs" + ("-unseen" if a.unseen else "") + ("-view" if a.view else "")
     with open(os.path.join(a.out, stem + ".md"), "w") as fh:
         fh.write(text)
     if not a.unseen and not a.view:
-        with open(os.path.join(a.out, "m1_table.py"), "w") as fh:
+        with open(os.path.join(a.out, f"m{a.m}_table.py"), "w") as fh:
             fh.write("TABLE = {\n" + table + "}\n")
     print(text)
     print(table)

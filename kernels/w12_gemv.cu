@@ -41,7 +41,9 @@
 // the same order, without the CTA-wide path's three barriers.  At nt ≥ 2 with ≤ 32 escapes the warps fetch the
 // escapes' X before the CTA barrier (esc_x_prefetch) and the first output pass adds them from shared memory: the same
 // adds again; that path was the largest cost found at M > 2 (skipping it, wrong results: M = 16 1.159 → 1.243; this
-// form M = 32 1.083 → 1.103, M = 16 1.160 → 1.180; 2026-12-04-ab-skinny-escapes-h200-s31.md).
+// form M = 32 1.083 → 1.103, M = 16 1.160 → 1.180; 2026-12-04-ab-skinny-escapes-h200-s31.md).  The 4-warp builds
+// copy that X in the prologue instead, while the main loop runs (EX: M = 16 1.178 → 1.226,
+// 2026-12-04-ab-skinny-early-x-4warps-h200-s33.md).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -74,6 +76,9 @@ __device__ __forceinline__ uint64_t weight_policy(int pct) {
 }
 
 // cp.async: global -> shared without holding registers (completed by cp_async_wait_all)
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
@@ -498,10 +503,11 @@ __device__ __forceinline__ float warp0_finish(const float (&red)[WARPS][16][MT],
 // the CTA barrier warp w loads X[m0 + m, col_l] of entry l for the rows m ≡ w (mod WARPS) into s_xe[l][m] (all in
 // flight at once); warp 0 also puts row r's entries in s_mask[r][0] (one ballot per row).  After the barrier each
 // output adds its row's entries in list order, as the CTA-wide path does (the same adds: the same bits), without
-// that path's two further barriers and its serial X loads.  (Issuing the X copies earlier — by cp.async from inside
-// the main loop once the entries are in — raised the loop's registers, nt = 2 92 → 122 and nt = 4 125 → 138, a CTA
-// per SM fewer: not timed, session 31.)
-template <int MT, int WARPS>
+// that path's two further barriers and its serial X loads.  !LOADX (the 4-warp builds: EX in the kernel): the X words
+// came by cp.async in the prologue (s_xw); only warp 0's masks are left to do here.  (Issuing the X copies from inside
+// the main loop once the entries are in raised the loop's registers, nt = 2 92 → 122 and nt = 4 125 → 138, a CTA per
+// SM fewer: not timed, session 31.)
+template <int MT, int WARPS, bool LOADX = true>
 __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*s_mask)[WARPS], const uint2* my_ent,
                                                int ne, const __nv_bfloat16* x, int ldx, int m0, int mcount, int warp,
                                                int lane) {
@@ -512,6 +518,7 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
     const uint2 en = my_ent[lane];
     rl = (int)(en.x >> 24);
     const int col = (int)(en.x & 0xFFFFFFu);
+    if (LOADX) {
     uint16_t v[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -521,6 +528,7 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
 #pragma unroll
     for (int i = 0; i < R; ++i)
       if (warp + WARPS * i < MT) s_xe[lane][warp + WARPS * i] = v[i];
+    }
   }
   if (warp == 0)
 #pragma unroll
@@ -551,6 +559,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
   constexpr bool XE = !VIEW && NT >= 2;          // esc_x_prefetch's path (nt = 1 keeps the CTA-wide one: see there)
   __shared__ uint16_t s_xe[XE ? 32 : 1][MT];      // X of the first 32 entries' columns, rows m0.. (esc_x_prefetch)
+  constexpr bool EX = XE && WARPS == 4;            // the escapes' X copied in the prologue (see there)
+  __shared__ uint32_t s_xw[EX ? 32 : 1][EX ? MT : 1];  // EX: the X word (2 columns) of entry l's column, row m0 + m
   __shared__ uint2 s_entw[XE ? WARPS : 1][32];    // each warp's own copy of the first 32 entries (esc_x_prefetch)
   __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
@@ -611,6 +621,24 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
   pdl_launch_dependents();
+  // EX: the warp waits for its entries and copies their X words (rows m ≡ warp mod WARPS) while the main loop runs,
+  // instead of loading them after it (esc_x_prefetch): the wait at the start overlaps the first records' loads, the
+  // load at the end held every CTA's exit.  Same bits; 4-warp configs only: M = 16 6144×4096 22.6 → 20.3 µs,
+  // 28672×4096 66.2 → 59.8, 5120×25600 70.5 → 65.8; the 8-warp ones lost 3 % (4096² 15.2 → 15.7)
+  // (2026-12-04-ab-skinny-early-x-h200-s33.md; at nt = 1, warp 0 copying its X words the same way lost 2 % at M = 1:
+  // kernels/w12_gemv_tried.md).
+  if (EX && e_hi - e_lo <= 32) {
+    cp_async_wait_all();
+    __syncwarp();
+    if (lane < e_hi - e_lo) {
+      const int col = (int)(s_entw[warp][lane].x & 0xFFFFFEu);
+#pragma unroll
+      for (int i = 0; i < (MT + WARPS - 1) / WARPS; ++i) {
+        const int m = warp + WARPS * i;
+        if (m < MT && m0 + m < M) cp_async4(&s_xw[lane][m], x + (size_t)(m0 + m) * ldx + col);
+      }
+    }
+  }
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
@@ -633,7 +661,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const bool pair = S == 2 && cluster_size() == 2;  // split 2 as a cluster pair (launch_t): finish_pair
   // nt ≥ 2, ≤ 32 escapes: their X fetched by every warp before the barrier, the corrections below from shared memory
   const bool xe = XE && e_hi - e_lo <= 32;
-  if (xe) esc_x_prefetch<MT, WARPS>(s_xe, s_mask, s_entw[warp], e_hi - e_lo, x, ldx, m0, mcount, warp, lane);
+  if (xe) esc_x_prefetch<MT, WARPS, !EX>(s_xe, s_mask, s_entw[warp], e_hi - e_lo, x, ldx, m0, mcount, warp, lane);
   __syncthreads();
   trace(1);
   if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
@@ -676,7 +704,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (xe)  // row r's entries in list order: + x[m, col] · (w − w_code), X from s_xe
       for (uint32_t bm = s_mask[r][0]; bm; bm &= bm - 1) {
         const int j = __ffs(bm) - 1;
-        sum = fmaf(__bfloat162float(__ushort_as_bfloat16(s_xe[j][m])), esc_delta(s_ent[j].y, s_e[r]), sum);
+        const uint16_t xb = EX ? (uint16_t)(s_xw[j][m] >> (16 * (s_ent[j].x & 1u))) : s_xe[j][m];
+        sum = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), esc_delta(s_ent[j].y, s_e[r]), sum);
       }
     red[0][r][m] = sum;
   }
