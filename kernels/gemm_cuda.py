@@ -69,6 +69,9 @@ WS_NTS = (2, 4, 6, 8, 16)
 # run (141.9 → 138.3, 151.9 → 147.1; the view 103.2 → 98.0 at 48).  The sweep also put the two LM heads' 64-row tile
 # ahead at M = 48 (128256×4096 258.3 → 238.5, 151936×5120 396.7 → 339.1), but the full run did not confirm it
 # (241.1 → 239.7 and 361.9 → 377.5; their view 5 % slower): not adopted.
+# Session 33: 51200×5120 at M = 9–16 back to the skinny kernel, whose 4-warp builds now copy the escapes' X in the
+# prologue (2/4/1/1 118.6 µs against ws 2/3 123.3; bench/m1_configs.py --m 16,
+# 2026-12-04-ab-skinny-early-x-4warps-h200-s33.md).
 # The split that w12_gemv.cu runs as a cluster pair, in both kernels (launch_ws / launch_t; finish_tile_cluster /
 # finish_pair: partials added in shared memory, no ws buffer or tickets); clusters of 3–8 measured much slower
 # (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).
@@ -101,7 +104,6 @@ WS_TABLE: dict = {
     (5120, 8192, 48): WsConfig(nt=6, split=6),
     (5120, 8192, 64): WsConfig(nt=8, split=6),
     (5120, 8192, 128): WsConfig(nt=16, split=3),
-    (51200, 5120, 16): WsConfig(nt=2, split=3),
     (51200, 5120, 32): WsConfig(nt=4, split=3),
     (51200, 5120, 48): WsConfig(nt=6, split=2),
     (51200, 5120, 64): WsConfig(nt=8, split=2),
@@ -127,9 +129,9 @@ def m_bucket(m: int) -> int | None:
 
 
 def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (41 of the 50
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (40 of the 50
     (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured
-    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 51200, 6144×4096 and 4096² at
+    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 100000, 6144×4096 and 4096² at
     M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).
 
     Shapes outside the tables (another model's widths) by the tables' pattern, measured on 14 shapes of Llama-3.1-70B,
