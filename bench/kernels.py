@@ -562,9 +562,9 @@ def main():
 def cuda_candidates(m):
     nts = {gc._nt_for(m)} | ({gc._nt_for(m) // 2} if m > 8 else set())
     wus = [(w, 1, sp) for w in (4, 8) for sp in (1, 2, 3, 4, 5, 6, 8)] + [(8, 2, 1)]  # 3/5/6: grids between waves
-    if m <= 8:
-        wus += [(4, 2, 1), (4, 2, 2), (8, 2, 2)]
-    return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus]
+    wus += [(4, 2, 1), (4, 2, 2), (8, 2, 2)] + ([] if m <= 8 else [(4, 2, 3), (4, 2, 4)])  # 2 records per stage
+    xreg = [gc.CudaConfig(4, w, 1, sp, xreg=True) for w in (4, 8) for sp in (1, 2)] if 4 in nts else []
+    return [gc.CudaConfig(nt, w, u, sp) for nt in sorted(nts) for (w, u, sp) in wus] + xreg
 
 
 def geo(v):
