@@ -9,7 +9,7 @@ shape, M = 16…128.  One GPU call.
    partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
 2. Per (shape, M): every split 1–8 of the nt that holds M (at M = 33–48 also nt 8, at 128 two M tiles of
-   nt 8) checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same
+   nt 8), and the tail splits 2–8 of split 1 (WsConfig.tail), checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same
    bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS
    and today's dispatch without the ws kernel (WS_TABLE emptied).
    Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
@@ -34,7 +34,11 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 def configs(m: int, k: int, splits=(1, 2, 3, 4, 5, 6, 7, 8)):
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt in (6, 16) else (nt,)  # M 33–48: nt 6 (one 48-row tile) or 8; M > 64: also two nt-8 tiles
-    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64]
+    tails = [gc.WsConfig(v, 1, tail=t) for v in nts if m <= 8 * v for t in TAILS if t <= k // 64]
+    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64] + tails
+
+
+TAILS = (2, 3, 4, 6, 8)  # the tail split's CTAs per cut record row (WsConfig.tail)
 
 
 def main():
@@ -44,7 +48,8 @@ def main():
     ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
     args = ap.parse_args()
     if args.identity:
-        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)], lambda c: c.nt)
+        bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)] + [gc.WsConfig(args.identity, 1, tail=3)],
+                               lambda c: c.nt)
         sys.exit(1 if bad else 0)
     torch.backends.cuda.matmul.allow_tf32 = False
     gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat

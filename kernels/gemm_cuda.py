@@ -11,6 +11,7 @@ X rows; everything else runs the Triton kernel.  Deterministic: warp partials (a
 """
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ class WsConfig:
     nt: int  # X rows per CTA / 8: 2, 4, 6, 8 or 16 (WS_NTS)
     split: int = 1  # CTAs along K
     evict_first: bool = True  # the record copies with L2 evict_first (w12_gemv.cu ws_produce; False: no hint)
+    tail: int = 0  # > 1 (split 1, one M tile): the record rows that would leave the last wave part-empty run as `tail`
+    #                CTAs each, launched last (w12_gemv.cu's tail split; tail_rows says which)
 
 
 WS_NTS = (2, 4, 6, 8, 16)
@@ -69,6 +72,11 @@ WS_NTS = (2, 4, 6, 8, 16)
 # run (141.9 → 138.3, 151.9 → 147.1; the view 103.2 → 98.0 at 48).  The sweep also put the two LM heads' 64-row tile
 # ahead at M = 48 (128256×4096 258.3 → 238.5, 151936×5120 396.7 → 339.1), but the full run did not confirm it
 # (241.1 → 239.7 and 361.9 → 377.5; their view 5 % slower): not adopted.
+# Session 33, the tail split (WsConfig.tail; bench/ws_configs.py --ms 128,64, 2026-12-04-ws-configs-tail-h200-s33.md):
+# 51200×5120's 400 record rows are three waves of 132 and 4 rows, which took a fourth wave of whole-K CTAs; cut into
+# 4 CTAs each they take 216.2 → 198.2 µs at M = 128, and at M = 64 (two CTAs per SM: 264 + 136 rows, 2 CTAs each)
+# 148.6 → 144.3 against split 2.  Where the last wave is nearly full the cut only adds partials (151936×5120 at 128:
+# 131 rows left, 537.9 → 573.3; 28672×4096 96.8 → 108.4), so it is a per-shape table choice.
 # Session 33: 51200×5120 at M = 9–16 back to the skinny kernel, whose 4-warp builds now copy the escapes' X in the
 # prologue (2/4/1/1 118.6 µs against ws 2/3 123.3; bench/m1_configs.py --m 16,
 # 2026-12-04-ab-skinny-early-x-4warps-h200-s33.md).
@@ -106,8 +114,8 @@ WS_TABLE: dict = {
     (5120, 8192, 128): WsConfig(nt=16, split=3),
     (51200, 5120, 32): WsConfig(nt=4, split=3),
     (51200, 5120, 48): WsConfig(nt=6, split=2),
-    (51200, 5120, 64): WsConfig(nt=8, split=2),
-    (51200, 5120, 128): WsConfig(nt=16, split=1),
+    (51200, 5120, 64): WsConfig(nt=8, split=1, tail=2),
+    (51200, 5120, 128): WsConfig(nt=16, split=1, tail=4),
     (5120, 25600, 32): WsConfig(nt=4, split=6),
     (5120, 25600, 48): WsConfig(nt=6, split=6),
     (5120, 25600, 64): WsConfig(nt=8, split=6),
@@ -454,11 +462,17 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         # no partials in global memory for a cluster pair (it adds them in shared memory)
         partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split
-        ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), partials, 128 * 8 * cfg.nt)
+        tail = tail_rows(cfg, nb, mpad, x.device)
+        if tail:  # partials of the tail rows only, tickets per tile
+            ws, tk = _split_buffers(x.device, y, tail, cfg.tail, 128 * 8 * cfg.nt)
+            tk = _tickets(x.device, nb)
+        else:
+            ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), partials, 128 * 8 * cfg.nt)
         xq = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device)  # X in the ring's order (w12_x_ws_kernel)
         err = library().w12_gemm_ws(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
-            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first))
+            int(view), cfg.nt, cfg.split, _p(ws), _p(tk), _p(xq), stream, int(cfg.evict_first), nb - tail,
+            cfg.tail if tail else 1)
     else:
         tiles = nb * 8 * ((m + 8 * cfg.nt - 1) // (8 * cfg.nt))
         partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split
@@ -488,6 +502,19 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value
+
+
+def tail_rows(cfg: WsConfig, nb: int, mpad: int, device) -> int:
+    """How many record rows a ws config's tail split cuts (0: none): with split 1 and one M tile, the rows past the
+    last full wave (nb mod CTAs per wave: 1 per SM at nt = 16, else 2), each run as cfg.tail CTAs."""
+    if cfg.tail <= 1 or cfg.split != 1 or mpad != 8 * cfg.nt:
+        return 0
+    return nb % (_sms(device) * (1 if cfg.nt >= 16 else 2))
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _split_buffers(device, y, tiles: int, split: int, tile_floats: int):

@@ -376,9 +376,9 @@ __device__ __forceinline__ void store_acc(float* red, const float (&acc)[NT][4],
 // MMAJOR: cta_red is [MT][CH] instead (the ws kernel): the store loop's shared-memory reads, consecutive r across a
 // warp, are then consecutive words, where [CH][MT] puts them MT words apart (one bank: 32-way conflicts at MT = 128).
 template <int CH, int MT, int THREADS, bool MMAJOR = false>
-__device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int S, int* s_last,
-                                            __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
-  if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)tile * S * CH * MT, S, blockIdx.z, tickets + tile, s_last))
+__device__ __forceinline__ void finish_tile(float* cta_red, float* ws, int* tickets, int tile, int slot, int S, int z,
+                                            int* s_last, __nv_bfloat16* y, int ldy, int N, int n0, int m0, int mcount) {
+  if (S > 1 && !splitk_last4(cta_red, CH * MT, ws + (size_t)slot * S * CH * MT, S, z, tickets + tile, s_last))
     return;
   __syncthreads();
   if (MMAJOR && n0 + CH <= N && ldy % 8 == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0) {
@@ -879,6 +879,9 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // memory (real units); the epilogue writes y = Σ acc · 2^(E_n − 127) + corr, then the entries past the WS_ECAP staged
 // ones from global memory (still list order).  Split K as in the skinny kernel (partials in ws, tickets, fixed
 // order), added by splitk_last4; at S = 2 the tile's two CTAs run as a cluster pair instead (finish_tile_cluster).
+// The tail split (tsplit): without split K, the record rows past the last full wave run as tsplit CTAs each, launched
+// last, so that they do not take a near-empty wave of whole-K CTAs (51200×5120 M = 128 216.2 → 198.2 µs,
+// 2026-12-04-ws-configs-tail-h200-s33.md).
 // The CTA's sums are laid out X row by X row ([MT][128]): the stores to y then read shared
 // memory without bank conflicts (the [128][MT] layout cost ~15 % of the stall samples at M = 128,
 // 2026-12-02-kernels-ncu-ws-sass-h200-s15.md).
@@ -1124,7 +1127,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
-    int* __restrict__ tickets, int wfirst) {
+    int* __restrict__ tickets, int wfirst, int head, int tsplit) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
   constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -1139,9 +1142,17 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int nb = blockIdx.x, mb = blockIdx.y, m0 = mb * MT;
-  const int S = gridDim.z, kps = (KB + S - 1) / S;
-  const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps), nrec = b - a;
+  // CTA -> (record row nb, split z of S).  The tail split (tsplit > 1, one M tile, no split along z): the record rows
+  // past `head` — those that would leave the last wave part-empty — are cut into tsplit CTAs each, launched last; their
+  // partials go to ws slot nb − head.
+  int nb = blockIdx.x, z = blockIdx.z, S = gridDim.z, slot = blockIdx.y * ((N + 127) / 128) + nb;
+  if (tsplit > 1 && nb >= head) {
+    const int tt = nb - head;
+    nb = head + tt / tsplit, z = tt % tsplit, S = tsplit, slot = nb - head;
+  }
+  const int mb = blockIdx.y, m0 = mb * MT;
+  const int kps = (KB + S - 1) / S;
+  const int a = min(KB, z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full + s, 1);
@@ -1228,14 +1239,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     finish_tile_cluster<MT, WS_THREADS>(reinterpret_cast<float*>(ring), y, ldy, N, nb * 128, m0, mcount);
     return;
   }
-  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, blockIdx.y * gridDim.x + blockIdx.x,
-                                   S, &s_last, y, ldy, N, nb * 128, m0, mcount);
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, mb * ((N + 127) / 128) + nb, slot,
+                                         S, z, &s_last, y, ldy, N, nb * 128, m0, mcount);
 }
 
 template <int NT, bool VIEW>
 cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                       const void* tent, void* y, int ldy, int N, int NB, int KB, int split, void* ws, void* tickets,
-                      void* xq, cudaStream_t st, int wfirst) {
+                      void* xq, cudaStream_t st, int wfirst, int head, int tsplit) {
   static_assert(128 * 8 * NT * 4 <= ws_stages<NT, VIEW>() * ws_slot<NT>(), "the sums fit in the ring");
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
@@ -1251,7 +1262,8 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
                                                                         M, mpad, KB * 64);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(NB, mtiles, split);
+  if (tsplit > 1 && (split != 1 || mtiles != 1 || head < 0 || head > NB)) return cudaErrorInvalidValue;
+  cfg.gridDim = dim3(tsplit > 1 ? head + (NB - head) * tsplit : NB, mtiles, split);
   cfg.blockDim = dim3(WS_THREADS);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
@@ -1264,7 +1276,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   cfg.numAttrs = split == 2 ? 1 : 0;  // gemm_cuda.CLUSTER_SPLIT
   return cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                             (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy,
-                            N, KB, (float*)ws, (int*)tickets, wfirst);
+                            N, KB, (float*)ws, (int*)tickets, wfirst, head, tsplit);
 }
 
 struct Args {
@@ -1387,15 +1399,19 @@ extern "C" int w12_gemv_trace(const void* x, int M, int ldx, const void* rec, co
 // split: CTAs along K (split > 1 needs ws: fp32 [NB · ceil(M / 8nt) · split · 128 · 8nt] and tickets: int32 zeros
 // [NB · ceil(M / 8nt)], left at zero).  xq: scratch of ceil(M / 8nt) · 8nt · K bf16 for X in the ring's order
 // (w12_x_ws_kernel, launched first on the stream).  wfirst: 1 = the record copies with L2 evict_first (ws_produce).
+// tsplit > 1 (split 1, one M tile): the tail split — record rows head .. NB − 1 run as tsplit CTAs each, launched after
+// the first `head` rows' CTAs (ws: fp32 [(NB − head) · tsplit · 128 · 8nt]); tsplit ≤ 1: every row one CTA (head unused).
 // Same tensors and preconditions as w12_gemv.
 extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                            const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int split,
-                           void* ws, void* tickets, void* xq, void* stream, int wfirst) {
+                           void* ws, void* tickets, void* xq, void* stream, int wfirst, int head, int tsplit) {
   cudaStream_t st = (cudaStream_t)stream;
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last4: S ≤ 8
+  if (tsplit > 8 || tsplit > KB) return (int)cudaErrorInvalidValue;
 #define W12_WS(NTV, V) \
   if (nt == NTV && !!view == V) \
-    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st, wfirst);
+    return launch_ws<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, split, ws, tickets, xq, st, wfirst, \
+                             head, tsplit);
 #define W12_WS_NTS(V) W12_WS(2, V) W12_WS(4, V) W12_WS(6, V) W12_WS(8, V) W12_WS(16, V)
   W12_WS_NTS(false) W12_WS_NTS(true)
 #undef W12_WS_NTS

@@ -53,6 +53,7 @@ def test_kernel_choice(monkeypatch):
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
     assert kf(32, 4096, 14336) == kf(64, 4096, 4096) == "ws"
     assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == "skinny"
+    assert kf(16, 51200, 5120) == "skinny" and kf(17, 51200, 5120) == "ws"
     monkeypatch.setattr(gc, "WS_TABLE", {})  # the skinny TABLE's measured buckets, then the rule
     assert kf(1, 151936, 5120) == kf(16, 6144, 4096) == kf(32, 4096, 4096) == kf(64, 51200, 5120) == "skinny"
     assert kf(128, 4096, 4096) == "ws" and kf(129, 4096, 4096) is None
@@ -76,6 +77,19 @@ def test_kernel_choice(monkeypatch):
     assert pd(49, 960, 576, view=True) and not pd(48, 960, 576, view=True)  # the view's kernels hold out longer
     with pytest.raises(ValueError, match="M = 129"):
         gc.dispatched_config(129, 4096, 4096)
+
+
+def test_tail_rows(monkeypatch):
+    """The ws kernel's tail split cuts the record rows past the last full wave (132 SMs: one CTA per SM at nt = 16, two
+    below), and only with split 1 and one M tile."""
+    monkeypatch.setattr(gc, "_sms", lambda device: 132)
+    W = gc.WsConfig
+    assert gc.tail_rows(W(16, 1, tail=8), 400, 128, None) == 4  # 51200 channels: three full waves and 4 rows
+    assert gc.tail_rows(W(8, 1, tail=4), 400, 64, None) == 400 - 264
+    assert gc.tail_rows(W(16, 1, tail=3), 264, 128, None) == 0  # full waves: nothing to cut
+    assert gc.tail_rows(W(16, 1), 400, 128, None) == 0  # no tail split
+    assert gc.tail_rows(W(16, 2, tail=8), 400, 128, None) == 0  # split along K already
+    assert gc.tail_rows(W(8, 1, tail=8), 400, 128, None) == 0  # two M tiles
 
 
 def test_table_override(tmp_path, monkeypatch):
@@ -201,7 +215,7 @@ def test_configs_name_compiled_kernels(tmp_path):
                             int(c.xreg))
 
     def ws(nt, split, view):
-        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1)
+        return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1, 1, 1)
 
     shapes = [(n, k) for n, k, _, _ in gc.TABLE] + [(512, 8192), (999 * 128, 4096), (3072, 4096)]
     skinny_cfgs = set(gc.TABLE.values()) | {gc.pick_config(m, n, k, v) for n, k in shapes
