@@ -549,7 +549,7 @@ def main():
                      + (" xreg" if cc.xreg else ""))
             elif kind == "ws":
                 cc = gc.dispatched_config(m, n, k)
-                c = f"cuda-ws {cc.nt}/{cc.split}"
+                c = f"cuda-ws {cc.nt}/{cc.split}" + (f" tail {cc.tail}" if cc.tail > 1 else "")
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
