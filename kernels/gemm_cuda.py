@@ -463,8 +463,8 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         # no partials in global memory for a cluster pair (it adds them in shared memory)
         partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split
         tail = tail_rows(cfg, nb, mpad, x.device)
-        if tail:  # partials of the tail rows only, tickets per tile
-            ws, tk = _split_buffers(x.device, y, tail, cfg.tail, 128 * 8 * cfg.nt)
+        if tail:  # partials for the tail rows only, a ticket per record row
+            ws = torch.empty(tail * cfg.tail * 128 * 8 * cfg.nt, dtype=torch.float32, device=x.device)
             tk = _tickets(x.device, nb)
         else:
             ws, tk = _split_buffers(x.device, y, nb * mpad // (8 * cfg.nt), partials, 128 * 8 * cfg.nt)

@@ -519,15 +519,15 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
     rl = (int)(en.x >> 24);
     const int col = (int)(en.x & 0xFFFFFFu);
     if (LOADX) {
-    uint16_t v[R];
+      uint16_t v[R];
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int m = warp + WARPS * i;
-      v[i] = m < mcount ? __bfloat16_as_ushort(x[(size_t)(m0 + m) * ldx + col]) : (uint16_t)0;
-    }
+      for (int i = 0; i < R; ++i) {
+        const int m = warp + WARPS * i;
+        v[i] = m < mcount ? __bfloat16_as_ushort(x[(size_t)(m0 + m) * ldx + col]) : (uint16_t)0;
+      }
 #pragma unroll
-    for (int i = 0; i < R; ++i)
-      if (warp + WARPS * i < MT) s_xe[lane][warp + WARPS * i] = v[i];
+      for (int i = 0; i < R; ++i)
+        if (warp + WARPS * i < MT) s_xe[lane][warp + WARPS * i] = v[i];
     }
   }
   if (warp == 0)
