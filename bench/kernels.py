@@ -162,11 +162,11 @@ def bench_clean(replay, n=60):
     return sorted(a.elapsed_time(b) for a, b in zip(st, en))[n // 2] * 1e3
 
 
-def sweep_cases(ms, seed0: int = 100):
+def sweep_cases(ms, seed0: int = 100, shapes=None):
     """The config sweeps' common loop (bench/ws_configs.py, bench/skinny_configs.py): for every
-    SHAPES entry and M in ms, (n, k, m, Mat, x, fp32 reference, cuBLAS BF16 µs); GPU memory released after each
-    shape."""
-    for si, (n, k) in enumerate(SHAPES):
+    shape (default SHAPES) and M in ms, (n, k, m, Mat, x, fp32 reference, cuBLAS BF16 µs); GPU memory released
+    after each shape."""
+    for si, (n, k) in enumerate(shapes or SHAPES):
         mt = Mat(n, k, seed0 + si)
         wf = mt.w.float()
         for m in ms:

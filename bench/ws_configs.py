@@ -3,6 +3,7 @@ copies, two warpgroups decode W and run wgmma) against what gemm_cuda dispatches
 shape, M = 16…128.  One GPU call.
 
     W12_CUDA=1 python bench/ws_configs.py [--ms 16,32,48,64,128] [--out DIR]
+    W12_CUDA=1 python bench/ws_configs.py --unseen --ms 64,128   # bench/unseen_shapes.py's shapes: today = the rule
 
 1. Identity product (bench/kernels.identity_product): every in-window weight decoded bit-exact, every escape
    restored, W12 and 8-bit view, for nt 2/4/6/8/16 × split 1/3 with full and partial M tiles, on N = 300 (a
@@ -46,6 +47,8 @@ def main():
     ap.add_argument("--ms", default="16,32,48,64,128")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--identity", type=int, help="only part 1 for one nt (exit 1 if it fails)")
+    ap.add_argument("--unseen", action="store_true", help="bench/unseen_shapes.py's 14 shapes instead of bench/kernels.py's "
+                    "ten (today's dispatch there is gemm_cuda.ws_rule_config's)")
     args = ap.parse_args()
     if args.identity:
         bad = identity_product([gc.WsConfig(args.identity, s) for s in (1, 3)] + [gc.WsConfig(args.identity, 1, tail=3)],
@@ -55,7 +58,11 @@ def main():
     gc.WS_TABLE.clear()  # "today" = what the other kernels give: the baseline the ws kernel has to beat
     bad = run_isolated(os.path.abspath(__file__), gc.WS_NTS, str)  # part 1: each nt in its own process
     rows, best_of, raw = [], {}, []
-    for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")]):
+    shapes = None
+    if args.unseen:
+        from unseen_shapes import UNSEEN  # bench/unseen_shapes.py
+        shapes = [s for group in UNSEEN.values() for s in group]
+    for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")], shapes=shapes):
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))
         res, worst = {}, 0.0
         for cfg in configs(m, k):

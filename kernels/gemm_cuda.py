@@ -180,15 +180,20 @@ def prefers_decode(m: int, n: int, k: int, view: bool = False) -> bool:
 def ws_rule_config(m: int, n: int, k: int) -> WsConfig:
     """The ws config for a shape outside WS_TABLE, by the table's pattern: the smallest nt that holds M; split K
     while the grid fits one wave (2 CTAs per SM up to nt = 8, 1 at nt = 16; 132 SMs) and each split keeps ≥ 16
-    records, at most 8 splits; grids of ≥ 200 tiles are not split.  The LM-head sizes (N ≥ 100 000) at M ≤ 32 copy
-    records without the evict_first hint, as their table entries do.  On the table's shapes it matches 32 of the 41
-    entries; where it differs it measured 0.99–1.06× the table's time (bench/unseen_shapes.py part 1,
-    2026-12-04-unseen-shapes-h200-s27.md)."""
+    records, at most 8 splits; grids of ≥ 200 tiles are not split, and at nt ≥ 8 take the tail split (4 CTAs per row
+    past the last full wave) when at most a quarter of a wave is left over: Qwen2.5-7B's 37888×3584 (296 rows) at
+    M = 128 123.2 → 107.6 µs and at M = 64 90.0 → 74.2, where a larger remainder lost (28672×4096, 92 of 132 rows:
+    96.8 → 108.4; bench/ws_configs.py --unseen, 2026-12-04-ws-configs-tail-unseen-h200-s33.md).  The LM-head sizes
+    (N ≥ 100 000) at M ≤ 32 copy records without the evict_first hint, as their table entries do.  On the table's
+    shapes it matched 32 of the 41 entries; where it differed it measured 0.99–1.06× the table's time
+    (bench/unseen_shapes.py part 1, 2026-12-04-unseen-shapes-h200-s27.md)."""
     nt = next(v for v in WS_NTS if m <= 8 * v)
     tiles, kb = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)), k // 64
     slots = 132 if nt == 16 else 264
     split = 1 if tiles >= 200 else max(1, min(8, slots // tiles, kb // 16))
-    return WsConfig(nt, split, evict_first=not (n >= 100_000 and m <= 32))
+    # the tail split where the grid leaves at most a quarter of a wave over (measured at nt = 8 and 16 only)
+    tail = 4 if split == 1 and tiles >= 200 and nt >= 8 and 0 < tiles % slots <= slots // 4 else 0
+    return WsConfig(nt, split, evict_first=not (n >= 100_000 and m <= 32), tail=tail)
 
 
 def _nt_for(m: int) -> int:

@@ -67,6 +67,9 @@ def test_kernel_choice(monkeypatch):
     assert rule(48, 10240, 8192) == gc.WsConfig(6, 3) and rule(128, 8192, 28672) == gc.WsConfig(16, 2)
     assert rule(20, 152064, 3584) == gc.WsConfig(4, 1, evict_first=False) and rule(64, 57344, 8192) == gc.WsConfig(8, 1)
     assert rule(128, 576, 576) == gc.WsConfig(16, 1)  # 9 records: no split
+    # the tail split where at most a quarter of a wave is left over: 296 rows = 2 · 132 + 32, and 296 = 264 + 32
+    assert rule(128, 37888, 3584) == gc.WsConfig(16, 1, tail=4) and rule(64, 37888, 3584) == gc.WsConfig(8, 1, tail=4)
+    assert rule(128, 57344, 8192) == gc.WsConfig(16, 1) and rule(32, 37888, 3584).tail == 0  # 52 of 132 left; nt 4
     assert gc.dispatched_config(40, 10240, 8192) == gc.WsConfig(6, 3)
     assert all(rule(m, n, k).split <= min(8, k // 64) and m <= 8 * rule(m, n, k).nt for m in (9, 17, 33, 64, 65, 128)
                for n in (128, 1000, 4096, 57344) for k in (64, 576, 4096, 65536))
