@@ -52,7 +52,7 @@ PATCHES = [  # (anchor in the landed source, text put after it); each anchor mus
      "    if (warp == 0 && lane == 0) W12_STAMP(W12_CTA + 4);\n"),
     ("  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
      "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"),
-    ("                                         S, z, &s_last, y, ldy, N, nb * 128, m0, mcount);\n",
+    ("                                         N, nb * 128, m0, mcount);\n",
      "  if (tid == 0) {\n    W12_STAMP(W12_CTA + 6);\n    unsigned smid;\n"
      "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n    g_ws_trace[W12_CTA + 7] = smid;\n  }\n"),
 ]

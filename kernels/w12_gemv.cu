@@ -419,20 +419,20 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
-__device__ __forceinline__ float4 ld_cluster4(uint32_t local, uint32_t rank) {  // float4 at `local` in CTA `rank`
+__device__ __forceinline__ uint32_t cluster_addr(uint32_t local, uint32_t rank) {  // `local` in CTA `rank`'s memory
   uint32_t a;
-  float4 v;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a)
-               : "memory");
+  return a;
+}
+__device__ __forceinline__ float4 ld_cluster4(uint32_t local, uint32_t rank) {  // float4 at `local` in CTA `rank`
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(cluster_addr(local, rank)) : "memory");
   return v;
 }
-
 __device__ __forceinline__ float ld_cluster1(uint32_t local, uint32_t rank) {  // float at `local` in CTA `rank`
-  uint32_t a;
   float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr(local, rank)) : "memory");
   return v;
 }
 
@@ -1145,12 +1145,11 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   // CTA -> (record row nb, split z of S).  The tail split (tsplit > 1, one M tile, no split along z): the record rows
   // past `head` — those that would leave the last wave part-empty — are cut into tsplit CTAs each, launched last; their
   // partials go to ws slot nb − head.
-  int nb = blockIdx.x, z = blockIdx.z, S = gridDim.z, slot = blockIdx.y * ((N + 127) / 128) + nb;
-  if (tsplit > 1 && nb >= head) {
-    const int tt = nb - head;
-    nb = head + tt / tsplit, z = tt % tsplit, S = tsplit, slot = nb - head;
-  }
-  const int mb = blockIdx.y, m0 = mb * MT;
+  const bool cut = tsplit > 1 && (int)blockIdx.x >= head;
+  const int ci = blockIdx.x - head;  // a cut CTA's index among the cut rows' CTAs
+  const int nb = cut ? head + ci / tsplit : blockIdx.x, z = cut ? ci % tsplit : blockIdx.z;
+  const int S = cut ? tsplit : gridDim.z, mb = blockIdx.y, m0 = mb * MT;
+  const int tile = mb * ((N + 127) / 128) + nb, slot = cut ? nb - head : tile;  // ticket, partials slot
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, z * kps), b = min(KB, a + kps), nrec = b - a;
   if (tid == 0) {
@@ -1239,8 +1238,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     finish_tile_cluster<MT, WS_THREADS>(reinterpret_cast<float*>(ring), y, ldy, N, nb * 128, m0, mcount);
     return;
   }
-  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, mb * ((N + 127) / 128) + nb, slot,
-                                         S, z, &s_last, y, ldy, N, nb * 128, m0, mcount);
+  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, tile, slot, S, z, &s_last, y, ldy,
+                                         N, nb * 128, m0, mcount);
 }
 
 template <int NT, bool VIEW>
