@@ -58,8 +58,8 @@ ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
 WAIT = "      mbar_wait(full + s, (i / STAGES) & 1);\n"  # the consumers' wait in the one-record loop
 PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);\n"
 START = """    int i = 0;
-    // At nt = 16, records two at a time"""
-PAIRS = "for (; NT >= 16 && i + 1 < nrec; i += 2)"  # the nt = 16 record-pair loop: off in every diag variant
+    // At nt = 16 (and the view's nt = 4), records two at a time"""
+PAIRS = "for (; (NT >= 16 || (VIEW && NT == 4)) && i + 1 < nrec; i += 2)"  # the record-pair loop: off in every variant
 PATCH = """#if W12_WS_DIAG & 4
 #pragma unroll
       for (int k = 0; k < 4; ++k)
@@ -109,7 +109,7 @@ def variant_source(diag: int) -> str:
     src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
                          text=True).stdout
     assert all(src.count(s) == 1 for s in (ANCHOR, PAIRS, WAIT, PRODUCE, START)), "the ws loop changed: update ws_diag"
-    src = src.replace(ANCHOR, PATCH).replace(PAIRS, PAIRS.replace("NT >= 16", "false"))
+    src = src.replace(ANCHOR, PATCH).replace(PAIRS, "for (; false && i + 1 < nrec; i += 2)")
     offset = "    if (warp >= 4) {\n      const long long t0 = clock64();\n      while (clock64() - t0 < 400) {}\n    }\n"
     for text, cond, code in [(WAIT, "!(W12_WS_DIAG & 16)", WAIT), (PRODUCE, "!(W12_WS_DIAG & 16)", PRODUCE),
                              (START, "W12_WS_DIAG & 32", offset)]:  # code under #if cond, in place of / before text

@@ -1178,10 +1178,13 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
-    // At nt = 16, records two at a time: a pair's eight wgmma share one commit group, one wait and one round of
-    // `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as one at a time:
-    // the same sums and corrections, bit for bit.  (At nt = 8 the second fragment set spills: measured slower.)
-    for (; NT >= 16 && i + 1 < nrec; i += 2) {
+    // At nt = 16 (and the view's nt = 4), records two at a time: a pair's eight wgmma share one commit group, one wait
+    // and one round of `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as
+    // one at a time: the same sums and corrections, bit for bit.  Below nt = 16 the builds are capped at 96 registers
+    // (two CTAs of 9 warps put 5 warps on one SM sub-partition: 16384 / (5 · 32)); there W12's second fragment set
+    // spills (nt = 8: 80 bytes, M = 64 0.981 → 0.797; nt = 4: 4 bytes, M = 32 1.090 → 1.082), the view's does not
+    // (nt = 4: its M = 32 1.474 → 1.495; nt = 2, 8: no gain), 2026-12-04-ab-ws-pairs-nt4-h200-s34.md.
+    for (; (NT >= 16 || (VIEW && NT == 4)) && i + 1 < nrec; i += 2) {
       const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
       const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
       uint32_t fa[4][4], fb[4][4];
