@@ -50,7 +50,7 @@ PATCHES = [  # (anchor in the landed source, text put after it); each anchor mus
      "      W12_STAMP(W12_CTA + 3);\n    }\n    __syncwarp();\n"),
     ("    fence_acc(acc);  // the accumulators are read only after the last wait\n",
      "    if (warp == 0 && lane == 0) W12_STAMP(W12_CTA + 4);\n"),
-    ("    bar_sync_all(THREADS);  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
+    ("  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
      "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"),
     ("                                         N, nb * 128, m0, mcount);\n",
      "  if (tid == 0) {\n    W12_STAMP(W12_CTA + 6);\n    unsigned smid;\n"
