@@ -1,7 +1,7 @@
 """Where one ws-kernel call's time goes (X reorder kernel, CTA start, prologue, first record, main loop, epilogue),
 read from %globaltimer stamps patched into a copy of kernels/w12_gemv.cu. One GPU call.
 
-    python bench/ws_trace.py --build DIR                        # here (nvcc): the stamped library
+    python bench/ws_trace.py --build DIR [--rev REV]            # here (nvcc): the stamped library
     W12_CUDA=1 python bench/ws_trace.py --libs DIR [--out OUT]   # on the GPU
 
 The stamped build keeps the kernel's code and adds, per CTA (thread 0 or consumer warp 0, lane 0), the globaltimer
@@ -11,6 +11,13 @@ plus the first entry and the last exit of w12_x_ws_kernel (the X reorder launche
 stamped output is checked against the landed build's bits, then RUNS replays of the captured call (both kernels,
 one CUDA graph), each after do_bench's L2 flush (256 MB zeroed) give the phases in µs from the reorder kernel's
 first entry; medians over the runs. Beside them: do_bench µs of the landed build and of cuBLAS.
+
+The same build counts where the main loop waits (clock64, SM cycles; thread 0 of consumer warp 0 and the producer's
+lane 0 only): the consumers' waits for a full slot, their wgmma waits, each record's fetch time (from the producer's
+issue of its copies to the consumer's full wait returning) and the producer's waits for an empty slot, as fractions
+of the main loop (slot 0 filled → loop end).  If the consumers wait on `full` while the producer seldom waits on
+`empty`, the ring cannot bring records in fast enough (bytes in flight × fetch time); if the producer waits on
+`empty` and the consumers seldom wait, the consumers' own chain (decode, wgmma, escapes) bounds the loop.
 """
 
 import argparse
@@ -29,32 +36,64 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = [(6144, 4096, 32, (4, 5)), (4096, 4096, 32, (4, 4)), (10240, 5120, 32, (4, 3)), (151936, 5120, 32, (4, 1)),
          (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)), (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1))]
 MAX_CTAS = 8192
+WORDS = 16  # trace words per CTA: 0-6 globaltimer stamps, 7 SM id, 8-15 the wait counters (WAIT_WORDS)
 
 STAMP = "asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(w12_t));"
+# w12_sw (per CTA, shared): 0 consumer full-wait cycles, 1 consumer wgmma-wait cycles, 2 fetch cycles summed over
+# records, 3 records counted, 4 producer empty-wait cycles, 5 / 6 clock64 at slot 0 filled / at the loop's end.
+# w12_si[slot]: clock64 when the producer issued the slot's copies.
+WAIT_WORDS = ["full wait", "wgmma wait", "fetch", "records", "empty wait", "clock at slot 0", "clock at loop end"]
+TIMED = ("do { const bool w12_me = warp == 0 && lane == 0; unsigned long long w12_c0 = 0; if (w12_me) w12_c0 = w12_clk(); "
+         "{CALL}; if (w12_me) { const unsigned long long w12_c1 = w12_clk(); {ADD} } } while (0);")
 PATCHES = [  # (anchor in the landed source, text put after it); each anchor must occur once
     ("#include <cuda_bf16.h>\n",
-     f"__device__ unsigned long long g_ws_trace[8 + 8 * {MAX_CTAS}];\n"
+     f"__device__ unsigned long long g_ws_trace[8 + {WORDS} * {MAX_CTAS}];\n"
      f"#define W12_STAMP(slot) do {{ unsigned long long w12_t; {STAMP} g_ws_trace[slot] = w12_t; }} while (0)\n"
-     "#define W12_CTA (8 + 8 * (int)((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x))\n"),
+     f"#define W12_CTA (8 + {WORDS} * (int)((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x))\n"
+     "__device__ __forceinline__ unsigned long long w12_clk() {\n"
+     "  unsigned long long c;\n  asm volatile(\"mov.u64 %0, %%clock64;\" : \"=l\"(c));\n  return c;\n}\n"
+     "__shared__ unsigned long long w12_sw[8], w12_si[16];\n"),
     ("                                int Mpad, int K) {\n",
      f"  if (threadIdx.x == 0) {{ unsigned long long w12_t; {STAMP} atomicMax(&g_ws_trace[0], ~w12_t); }}\n"),
     ("    xq[((size_t)kb * Mpad + m) * 32 + (((d >> 2) ^ (m & 7)) << 2) + (d & 3)] = v;\n  }\n",
      f"  __syncthreads();\n  if (threadIdx.x == 0) {{ unsigned long long w12_t; {STAMP} atomicMax(&g_ws_trace[1], w12_t); }}\n"),
     ("  int* s_toff = reinterpret_cast<int*>(empty + STAGES);                                      // [8][kps + 1]\n"
      "  __shared__ __align__(16) uint8_t s_e[128];\n  __shared__ int s_last;\n",
-     "  if (threadIdx.x == 0) W12_STAMP(W12_CTA + 0);\n"),
+     "  if (threadIdx.x == 0) W12_STAMP(W12_CTA + 0);\n  if (threadIdx.x < 8) w12_sw[threadIdx.x] = 0;\n"),
     ("  if (tid < 8) reinterpret_cast<uint4*>(s_e)[tid] = __ldg(reinterpret_cast<const uint4*>(expo + nb * 128) + tid);\n"
      "  __syncthreads();\n", "  if (tid == 0) W12_STAMP(W12_CTA + 1);\n"),
     ("    ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);\n",
      "    if (warp == 0 && lane == 0) {\n      W12_STAMP(W12_CTA + 2);\n      mbar_wait(full, 0);\n"
-     "      W12_STAMP(W12_CTA + 3);\n    }\n    __syncwarp();\n"),
+     "      W12_STAMP(W12_CTA + 3);\n      w12_sw[5] = w12_clk();\n    }\n    __syncwarp();\n"),
     ("    fence_acc(acc);  // the accumulators are read only after the last wait\n",
-     "    if (warp == 0 && lane == 0) W12_STAMP(W12_CTA + 4);\n"),
+     "    if (warp == 0 && lane == 0) {\n      w12_sw[6] = w12_clk();\n      W12_STAMP(W12_CTA + 4);\n    }\n"),
     ("  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
-     "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"),
+     "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"
+     "  if (tid < 7) g_ws_trace[W12_CTA + 8 + tid] = w12_sw[tid];\n"),
     ("                                         N, nb * 128, m0, mcount);\n",
      "  if (tid == 0) {\n    W12_STAMP(W12_CTA + 6);\n    unsigned smid;\n"
      "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n    g_ws_trace[W12_CTA + 7] = smid;\n  }\n"),
+]
+# (text in the landed source, its timed form, how often it occurs): the main loop's waits, counted into w12_sw
+_FULL = "w12_sw[0] += w12_c1 - w12_c0; w12_sw[2] += w12_c1 - w12_si[{s}]; w12_sw[3] += 1;"
+WAITS = [
+    ("      mbar_wait(full + s0, (i / STAGES) & 1);\n",
+     "      " + TIMED.replace("{CALL}", "mbar_wait(full + s0, (i / STAGES) & 1)").replace("{ADD}", _FULL.format(s="s0"))
+     + "\n", 1),
+    ("      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);\n",
+     "      " + TIMED.replace("{CALL}", "mbar_wait(full + s1, ((i + 1) / STAGES) & 1)").replace("{ADD}", _FULL.format(s="s1"))
+     + "\n", 1),
+    ("      mbar_wait(full + s, (i / STAGES) & 1);\n",
+     "      " + TIMED.replace("{CALL}", "mbar_wait(full + s, (i / STAGES) & 1)").replace("{ADD}", _FULL.format(s="s"))
+     + "\n", 1),
+    ("      wg_wait0();\n",
+     "      " + TIMED.replace("{CALL}", "wg_wait0()").replace("{ADD}", "w12_sw[1] += w12_c1 - w12_c0;") + "\n", 2),
+    ("    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot\n",
+     "    {\n      const unsigned long long w12_c0 = w12_clk();\n"
+     "      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);\n"
+     "      if (lane == 0) {\n        const unsigned long long w12_c1 = w12_clk();\n"
+     "        w12_sw[4] += w12_c1 - w12_c0;\n        w12_si[s] = w12_c1;  // before the copies' expect_tx arrive\n"
+     "      }\n    }\n", 1),
 ]
 HOST = f"""
 extern "C" int w12_ws_trace_clear() {{
@@ -63,31 +102,51 @@ extern "C" int w12_ws_trace_clear() {{
   return e != cudaSuccess ? (int)e : (int)cudaMemset(p, 0, sizeof(g_ws_trace));
 }}
 extern "C" int w12_ws_trace_read(void* dst, int ctas) {{
-  return (int)cudaMemcpyFromSymbol(dst, g_ws_trace, (8 + 8 * (size_t)ctas) * 8);
+  return (int)cudaMemcpyFromSymbol(dst, g_ws_trace, (8 + {WORDS} * (size_t)ctas) * 8);
 }}
 """
 PHASES = ["reorder end", "first CTA in", "last CTA in", "setup", "escape prologue", "slot 0 filled", "main loop",
           "main loop (max)", "drain", "epilogue", "epilogue (max)", "last CTA out"]
 
 
-def stamped_source() -> str:
-    src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
-                         text=True).stdout
+def stamped_source(src: str) -> str:
+    """kernels/w12_gemv.cu's text `src` with the stamps and the wait counters patched in."""
     for anchor, add in PATCHES:
         assert src.count(anchor) == 1, f"bench/ws_trace.py: anchor not found once in w12_gemv.cu: {anchor[:60]!r}"
         src = src.replace(anchor, anchor + add)
+    for text, timed, count in WAITS:
+        assert src.count(text) == count, f"bench/ws_trace.py: wait not found {count}× in w12_gemv.cu: {text[:60]!r}"
+        src = src.replace(text, timed)
     return src + HOST
 
 
 def phases(buf: list, ctas: int) -> list:
     """One replay's figures (µs) from the trace words (see PHASES)."""
     t0 = ~buf[0] & (2 ** 64 - 1)
-    rows = [buf[8 + 8 * c: 16 + 8 * c] for c in range(ctas)]
+    rows = [buf[8 + WORDS * c: 8 + WORDS * (c + 1)] for c in range(ctas)]
     med = lambda i, j: statistics.median(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
     mx = lambda i, j: max(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
     return [(buf[1] - t0) / 1e3, (min(r[0] for r in rows) - t0) / 1e3, (max(r[0] for r in rows) - t0) / 1e3,
             med(0, 1), med(1, 2), med(2, 3), med(3, 4), mx(3, 4), med(4, 5), med(5, 6), mx(5, 6),
             (max(r[6] for r in rows) - t0) / 1e3]
+
+
+WAIT_COLS = ["ns / record", "GHz", "consumer full wait %", "consumer wgmma wait %", "producer empty wait %", "fetch ns"]
+
+
+def waits(buf: list, ctas: int) -> list:
+    """One replay's wait figures (WAIT_COLS), medians over the CTAs: the main loop from slot 0 filled to the loop's end
+    in SM cycles (w12_sw 5, 6) and in ns (stamps 3, 4) give the clock; the waits are fractions of the loop."""
+    per = []
+    for c in range(ctas):
+        r = buf[8 + WORDS * c: 8 + WORDS * (c + 1)]
+        w = r[8:15]
+        cyc, ns = w[6] - w[5], r[4] - r[3]
+        if cyc <= 0 or ns <= 0 or w[3] == 0:
+            continue
+        ghz = cyc / ns
+        per.append([ns / w[3], ghz, 100 * w[0] / cyc, 100 * w[1] / cyc, 100 * w[4] / cyc, w[2] / w[3] / ghz])
+    return [statistics.median(p[i] for p in per) if per else float("nan") for i in range(len(WAIT_COLS))]
 
 
 def run(lib_dir: Path, runs: int, out: str):
@@ -96,7 +155,7 @@ def run(lib_dir: Path, runs: int, out: str):
     from w12.kernels import gemm_cuda as gc
     landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    lines = []
+    lines, wlines = [], []
     for n, k, m, (nt, split) in CASES:
         cfg, mt = gc.WsConfig(nt, split), Mat(n, k, 900 + m)
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
@@ -112,8 +171,8 @@ def run(lib_dir: Path, runs: int, out: str):
         gr = torch.cuda.CUDAGraph()
         with torch.cuda.graph(gr):
             mt.run(x, cuda=cfg)
-        buf = (ctypes.c_uint64 * (8 + 8 * ctas))()
-        per = []
+        buf = (ctypes.c_uint64 * (8 + WORDS * ctas))()
+        per, wper = [], []
         for _ in range(runs):
             flush.zero_()
             assert stamped.w12_ws_trace_clear() == 0
@@ -122,11 +181,16 @@ def run(lib_dir: Path, runs: int, out: str):
             torch.cuda.synchronize()
             assert stamped.w12_ws_trace_read(buf, ctas) == 0
             per.append(phases(list(buf), ctas))
+            wper.append(waits(list(buf), ctas))
         figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
+        wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
         row = (f"| {n}×{k} | {m} | {cfg} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
                + " | ".join(f"{v:.1f}" for v in figs) + " |")
-        print(row, flush=True)
+        wrow = f"| {n}×{k} | {m} | {cfg} | " + " | ".join(f"{v:.2f}" if i == 1 else f"{v:.0f}"
+                                                          for i, v in enumerate(wfigs)) + " |"
+        print(row, wrow, sep="\n", flush=True)
         lines.append(row)
+        wlines.append(wrow)
         del mt, gr
         torch.cuda.empty_cache()
     text = "\n".join([
@@ -137,7 +201,11 @@ def run(lib_dir: Path, runs: int, out: str):
         f"phases: µs, medians over {runs} flushed replays of the captured call (X reorder + ws kernel); 'reorder end', "
         "'CTA in' and 'last CTA out' from the reorder kernel's first entry, the others per CTA (median, or max)", "",
         "| N×K | M | config | CTAs | cuBLAS | landed | stamped | " + " | ".join(PHASES) + " |",
-        "|---" * (7 + len(PHASES)) + "|", *lines]) + "\n"
+        "|---" * (7 + len(PHASES)) + "|", *lines, "",
+        "Where the main loop waits (clock64; consumer warp 0's thread 0 and the producer; medians over the CTAs, then over "
+        "the replays): ns per record of the loop, the SM clock, the waits as % of the loop, and a record's fetch time "
+        "from the producer's issue to the consumer's full wait returning", "",
+        "| N×K | M | config | " + " | ".join(WAIT_COLS) + " |", "|---" * (3 + len(WAIT_COLS)) + "|", *wlines]) + "\n"
     Path(out, "ws_trace.md").write_text(text)
     print(text)
 
@@ -146,12 +214,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, help="write the landed and the stamped library here (needs nvcc, no GPU)")
     ap.add_argument("--libs", type=Path, help="run with the libraries of this folder (needs the GPU)")
+    ap.add_argument("--rev", default="HEAD", help="with --build: the kernel source to stamp (a revision, `worktree` or "
+                    "file:PATH; default HEAD), built beside it unstamped as 'landed'")
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.build:
         from ab_kernel import build_libs, source_at
-        for name, lib in build_libs({"landed": source_at("HEAD"), "trace": stamped_source()}, a.build).items():
+        landed = source_at(a.rev)
+        for name, lib in build_libs({"landed": landed, "trace": stamped_source(landed)}, a.build).items():
             print(name, lib)
     elif a.libs:
         run(a.libs, a.runs, a.out)

@@ -274,3 +274,5 @@ def test_ws_diagnostics_patch_the_current_kernel():
         assert src.count(getattr(diag, name)) == 1, f"bench/ws_diag.py {name} does not occur once in w12_gemv.cu"
     for anchor, _ in trace.PATCHES:
         assert src.count(anchor) == 1, f"bench/ws_trace.py anchor {anchor[:60]!r} does not occur once in w12_gemv.cu"
+    for text, _, count in trace.WAITS:
+        assert src.count(text) == count, f"bench/ws_trace.py wait {text[:60]!r} does not occur {count}× in w12_gemv.cu"
