@@ -783,7 +783,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 
 // Pins the accumulator registers at this point of the program (no copy of them is taken across a wgmma wait).
 template <int NT>
@@ -1196,20 +1195,19 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot0));
-      wg_commit();
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
         ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
-      wg_wait1();  // the first record's wgmma are done with slot 0: free it while the second record's run
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s0);
-      if (!VIEW) ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       wg_wait0();
       __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s1);  // this warp is done with both slots (A bytes, X by wgmma and escapes)
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
+        mbar_arrive(empty + s0);
+        mbar_arrive(empty + s1);
+      }
     }
     for (; i < nrec; ++i) {
       const int s = i % STAGES;
