@@ -34,7 +34,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [(6144, 4096, 32, (4, 5)), (4096, 4096, 32, (4, 4)), (10240, 5120, 32, (4, 3)), (151936, 5120, 32, (4, 1)),
-         (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)), (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1))]
+         (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)), (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1)),
+         (28672, 4096, 128, (16, 1), True), (151936, 5120, 128, (16, 1), True)]  # True: the 8-bit view
 MAX_CTAS = 8192
 WORDS = 16  # trace words per CTA: 0-6 globaltimer stamps, 7 SM id, 8-15 the wait counters (WAIT_WORDS)
 
@@ -156,21 +157,22 @@ def run(lib_dir: Path, runs: int, out: str):
     landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     lines, wlines = [], []
-    for n, k, m, (nt, split) in CASES:
+    for n, k, m, (nt, split), *view in CASES:
+        view = bool(view and view[0])
         cfg, mt = gc.WsConfig(nt, split), Mat(n, k, 900 + m)
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         ctas = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split
         assert ctas <= MAX_CTAS
         gc.library = lambda: landed
-        y0 = mt.run(x, cuda=cfg)
-        t_landed = bench(lambda: mt.run(x, cuda=cfg))
+        y0 = mt.run(x, view=view, cuda=cfg)
+        t_landed = bench(lambda: mt.run(x, view=view, cuda=cfg))
         t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
         gc.library = lambda: stamped
-        assert torch.equal(mt.run(x, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
-        t_stamped = bench(lambda: mt.run(x, cuda=cfg))
+        assert torch.equal(mt.run(x, view=view, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
+        t_stamped = bench(lambda: mt.run(x, view=view, cuda=cfg))
         gr = torch.cuda.CUDAGraph()
         with torch.cuda.graph(gr):
-            mt.run(x, cuda=cfg)
+            mt.run(x, view=view, cuda=cfg)
         buf = (ctypes.c_uint64 * (8 + WORDS * ctas))()
         per, wper = [], []
         for _ in range(runs):
@@ -184,9 +186,10 @@ def run(lib_dir: Path, runs: int, out: str):
             wper.append(waits(list(buf), ctas))
         figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
         wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
-        row = (f"| {n}×{k} | {m} | {cfg} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
+        kind = f"{cfg}{' (8-bit view)' if view else ''}"
+        row = (f"| {n}×{k} | {m} | {kind} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
                + " | ".join(f"{v:.1f}" for v in figs) + " |")
-        wrow = f"| {n}×{k} | {m} | {cfg} | " + " | ".join(f"{v:.2f}" if i == 1 else f"{v:.0f}"
+        wrow = f"| {n}×{k} | {m} | {kind} | " + " | ".join(f"{v:.2f}" if i == 1 else f"{v:.0f}"
                                                           for i, v in enumerate(wfigs)) + " |"
         print(row, wrow, sep="\n", flush=True)
         lines.append(row)
