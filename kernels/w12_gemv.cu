@@ -959,7 +959,7 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
 // W12's only: the 8-bit view has no escapes and spends it on a deeper ring.
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_corr_bytes() {
-  return VIEW || NT >= 16 ? 0 : 8 * 16 * 8 * NT * 4;  // DIAGNOSTIC: no corr at nt = 16
+  return VIEW ? 0 : 8 * 16 * 8 * NT * 4;
 }
 
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16.  The view, in the escapes' place: 7
@@ -969,7 +969,7 @@ __host__ __device__ constexpr int ws_corr_bytes() {
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
   if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 7;  // DIAGNOSTIC: the view's depth at nt = 16
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
 }
 
 template <int NT>
@@ -1199,7 +1199,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        // DIAGNOSTIC: no in-loop escape corrections (wrong bits)
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
@@ -1220,7 +1221,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        // DIAGNOSTIC: no in-loop escape corrections (wrong bits)
+        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
