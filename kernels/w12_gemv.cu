@@ -1036,11 +1036,8 @@ __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, i
 // A record's four k-steps: acc += A (the warp's decoded fragments fa) · X (the slot's X tile at shared address xa).
 template <int NT>
 __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)[4][4], uint32_t xa) {
-  // wg_desc(xa + 32·k) = wg_desc(xa) + 2·k: xa is 1024-byte aligned and below 2^18, so the start field only adds
-  const uint32_t lo = ((xa & 0x3FFFF) >> 4) | (1u << 16), hi = 64u | (1u << 30);
 #pragma unroll
-  for (int k = 0; k < 4; ++k)
-    wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], ((uint64_t)hi << 32) | (uint64_t)(lo + 2 * k));
+  for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
 }
 
 // Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
