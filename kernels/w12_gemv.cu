@@ -1189,12 +1189,8 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
       uint32_t fa[4][4], fb[4][4];
       mbar_wait(full + s0, (i / STAGES) & 1);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s0);  // DIAGNOSTIC: released before it is used (wrong bits)
       ws_decode<VIEW>(slot0, v0, v1, n0, n1, nkeep, fa);
       mbar_wait(full + s1, ((i + 1) / STAGES) & 1);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s1);  // DIAGNOSTIC
       ws_decode<VIEW>(slot1, v0, v1, n0, n1, nkeep, fb);
       fence_acc(acc);
       wg_fence();
@@ -1208,12 +1204,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       }
       wg_wait0();
       __syncwarp();
+      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
+        mbar_arrive(empty + s0);
+        mbar_arrive(empty + s1);
+      }
     }
     for (; i < nrec; ++i) {
       const int s = i % STAGES;
       mbar_wait(full + s, (i / STAGES) & 1);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + s);  // DIAGNOSTIC: released before it is used (wrong bits)
       const uint8_t* slot = ring + s * SLOT;
       uint32_t fa[4][4];
       ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
@@ -1227,6 +1225,7 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       }
       wg_wait0();
       __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
   }
