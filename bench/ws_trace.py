@@ -44,8 +44,21 @@ STAMP = "asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(w12_t));"
 # records, 3 records counted, 4 producer empty-wait cycles, 5 / 6 clock64 at slot 0 filled / at the loop's end.
 # w12_si[slot]: clock64 when the producer issued the slot's copies.
 WAIT_WORDS = ["full wait", "wgmma wait", "fetch", "records", "empty wait", "clock at slot 0", "clock at loop end"]
-TIMED = ("do { const bool w12_me = warp == 0 && lane == 0; unsigned long long w12_c0 = 0; if (w12_me) w12_c0 = w12_clk(); "
-         "{CALL}; if (w12_me) { const unsigned long long w12_c1 = w12_clk(); {ADD} } } while (0);")
+
+
+def timed(call: str, add: str) -> str:
+    """A consumer loop line `call;` timed by consumer warp 0's thread 0, which then runs `add` (c0, c1: the clocks)."""
+    return ("      do { const bool w12_me = warp == 0 && lane == 0; unsigned long long w12_c0 = 0; "
+            f"if (w12_me) w12_c0 = w12_clk(); {call}; "
+            f"if (w12_me) {{ const unsigned long long w12_c1 = w12_clk(); {add} }} }} while (0);\n")
+
+
+def timed_full(call: str, slot: str) -> tuple:
+    """(the consumers' full wait `call`, its timed form): the wait's cycles, the record's fetch cycles, one record."""
+    add = f"w12_sw[0] += w12_c1 - w12_c0; w12_sw[2] += w12_c1 - w12_si[{slot}]; w12_sw[3] += 1;"
+    return f"      {call};\n", timed(call, add), 1
+
+
 PATCHES = [  # (anchor in the landed source, text put after it); each anchor must occur once
     ("#include <cuda_bf16.h>\n",
      f"__device__ unsigned long long g_ws_trace[8 + {WORDS} * {MAX_CTAS}];\n"
@@ -76,19 +89,11 @@ PATCHES = [  # (anchor in the landed source, text put after it); each anchor mus
      "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n    g_ws_trace[W12_CTA + 7] = smid;\n  }\n"),
 ]
 # (text in the landed source, its timed form, how often it occurs): the main loop's waits, counted into w12_sw
-_FULL = "w12_sw[0] += w12_c1 - w12_c0; w12_sw[2] += w12_c1 - w12_si[{s}]; w12_sw[3] += 1;"
 WAITS = [
-    ("      mbar_wait(full + s0, (i / STAGES) & 1);\n",
-     "      " + TIMED.replace("{CALL}", "mbar_wait(full + s0, (i / STAGES) & 1)").replace("{ADD}", _FULL.format(s="s0"))
-     + "\n", 1),
-    ("      mbar_wait(full + s1, ((i + 1) / STAGES) & 1);\n",
-     "      " + TIMED.replace("{CALL}", "mbar_wait(full + s1, ((i + 1) / STAGES) & 1)").replace("{ADD}", _FULL.format(s="s1"))
-     + "\n", 1),
-    ("      mbar_wait(full + s, (i / STAGES) & 1);\n",
-     "      " + TIMED.replace("{CALL}", "mbar_wait(full + s, (i / STAGES) & 1)").replace("{ADD}", _FULL.format(s="s"))
-     + "\n", 1),
-    ("      wg_wait0();\n",
-     "      " + TIMED.replace("{CALL}", "wg_wait0()").replace("{ADD}", "w12_sw[1] += w12_c1 - w12_c0;") + "\n", 2),
+    timed_full("mbar_wait(full + s0, (i / STAGES) & 1)", "s0"),
+    timed_full("mbar_wait(full + s1, ((i + 1) / STAGES) & 1)", "s1"),
+    timed_full("mbar_wait(full + s, (i / STAGES) & 1)", "s"),
+    ("      wg_wait0();\n", timed("wg_wait0()", "w12_sw[1] += w12_c1 - w12_c0;"), 2),
     ("    if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot\n",
      "    {\n      const unsigned long long w12_c0 = w12_clk();\n"
      "      if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);\n"
