@@ -12,7 +12,9 @@ dispatches: every library's output is compared with the first library's bits (on
 largest difference, and whether it repeats its own bits — and its cells marked ≠); then each is timed as
 bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) in --rounds interleaved rounds (the median
 round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md, rewritten after every row so that a call that dies (a
-kernel that faults or hangs: run it under `timeout`) keeps what it measured.
+kernel that faults or hangs: run it under `timeout`) keeps what it measured. With --clocks, nvidia-smi samples the SM
+clock and the board power every 50 ms (OUT/clocks.csv), and the report adds, per library and M, the median SM clock
+and the highest power drawn while that library (or cuBLAS) was being timed: whether a build runs at a lower clock.
 """
 
 import argparse
@@ -69,7 +71,59 @@ def resolve(rev: str) -> str:
                           text=True).stdout.strip()
 
 
-def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fname: str):
+class Clocks:
+    """nvidia-smi sampling the SM clock (MHz) and the board power (W) every 50 ms into `path`, and the wall-clock spans
+    during which each key (a library and a bucket) was timed; a no-op where nvidia-smi is missing."""
+
+    QUERY = ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"]
+
+    def __init__(self, path: str):
+        self.path, self.spans, self.proc = path, {}, None
+        try:
+            self.proc = subprocess.Popen(self.QUERY, stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+        except OSError:
+            pass
+
+    def timed(self, key, fn):
+        """fn(), its wall-clock span recorded under key."""
+        t0 = datetime.datetime.now()
+        try:
+            return fn()
+        finally:
+            self.spans.setdefault(key, []).append((t0, datetime.datetime.now()))
+
+    def stop(self) -> dict:
+        """key -> (median SM MHz, max W, samples) over the samples inside the key's spans."""
+        if self.proc is None:
+            return {}
+        self.proc.terminate()
+        self.proc.wait()
+        return span_stats(parse_clocks(Path(self.path).read_text()), self.spans)
+
+
+def parse_clocks(text: str) -> list:
+    """nvidia-smi's CSV lines `2026/12/04 23:05:01.123, 1980, 512.34` -> [(datetime, MHz, W)]; others skipped."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            rows.append((datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f"), float(parts[1]), float(parts[2])))
+        except (ValueError, IndexError):
+            continue
+    return rows
+
+
+def span_stats(rows: list, spans: dict) -> dict:
+    """key -> (median MHz, max W, n) of the samples that fall inside any of the key's spans (keys without any: left out)."""
+    stats = {}
+    for key, ivs in spans.items():
+        inside = [(mhz, w) for t, mhz, w in rows if any(a <= t <= b for a, b in ivs)]
+        if inside:
+            stats[key] = (statistics.median(m for m, _ in inside), max(w for _, w in inside), len(inside))
+    return stats
+
+
+def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fname: str, clocks: bool = False):
     """Bits of every library against the first one's, then interleaved timing (see the module docstring)."""
     from kernels import SHAPES, Mat, bench
 
@@ -79,8 +133,19 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
     keys = [(m, view) for m in ms for view in (False, True)]
     ratios = {(name, key): [] for name in names for key in keys}
     lines, mismatches = [], []
+    sampler = Clocks(os.path.join(out, "clocks.csv")) if clocks else None
+    timed = (lambda key, fn: sampler.timed(key, fn)) if sampler else (lambda key, fn: fn())
 
-    def report(done=False):  # OUT/fname, rewritten after every row: a call that dies keeps what it measured
+    def clock_lines(stats: dict) -> list:
+        if not stats:
+            return []
+        cell = lambda key: "{:.0f} MHz / {:.0f} W".format(*stats[key][:2]) if key in stats else "–"  # noqa: E731
+        return ["", "SM clock (median) / board power (max) while each was timed (nvidia-smi every 50 ms, OUT/clocks.csv):",
+                "", "| bucket | cuBLAS | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|",
+                *(f"| M = {m} {'view' if view else 'W12'} | {cell(('cuBLAS', m))} | "
+                  + " | ".join(cell((name, (m, view))) for name in names) + " |" for m, view in keys)]
+
+    def report(done=False, stats=None):  # OUT/fname, rewritten after every row: a call that dies keeps what it measured
         geo = {key: math.exp(sum(map(math.log, r)) / len(r)) if r else float("nan") for key, r in ratios.items()}
         bits = (f"every library gave {names[0]}'s bits on every shape and M (W12 and view)" if not mismatches
                 else "see the list at the end (cells marked ≠)")
@@ -97,7 +162,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
               + " |" for m, view in keys), "",
             "| N×K | M | cuBLAS µs | " + " | ".join(f"W12 {v}" for v in names) + " | "
             + " | ".join(f"view {v}" for v in names) + " |",
-            "|---" * (3 + 2 * len(names)) + "|", *lines,
+            "|---" * (3 + 2 * len(names)) + "|", *lines, *clock_lines(stats or {}),
             *(["", f"Not {names[0]}'s bits:", *mismatches] if mismatches else [])]) + "\n"
         with open(os.path.join(out, fname), "w") as fh:
             fh.write(text)
@@ -107,7 +172,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
         mt = Mat(n, k, 300 + si)
         for m in ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
+            t_cb = timed(("cuBLAS", m), lambda: bench(lambda: torch.matmul(x, mt.w.t())))
             cells = []
             for view in (False, True):
                 cfg = gc.dispatched_config(m, n, k, view)
@@ -129,7 +194,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
                 for r in range(rounds):
                     for name in names[r % len(names):] + names[:r % len(names)]:
                         gc.library = lambda lib=cdlls[name]: lib
-                        times[name].append(bench(lambda: mt.run(x, view=view, cuda=cfg)))
+                        times[name].append(timed((name, (m, view)), lambda: bench(lambda: mt.run(x, view=view, cuda=cfg))))
                 for name in names:
                     t = statistics.median(times[name])
                     ratios[(name, (m, view))].append(t_cb / t)
@@ -140,7 +205,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             report()
         del mt
         torch.cuda.empty_cache()
-    print(report(done=True), flush=True)
+    print(report(done=True, stats=sampler.stop() if sampler else None), flush=True)
 
 
 def build_or_run(doc: str, build, run):
@@ -163,6 +228,7 @@ def main():
     ap.add_argument("--libs", type=Path, help="time the libraries of this folder (needs the GPU)")
     ap.add_argument("--m", default="1,2", help="comma-separated M values (default 1,2)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clocks", action="store_true", help="sample the SM clock and power with nvidia-smi while timing")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.build:
@@ -175,8 +241,8 @@ def main():
         run_libs({name: a.libs / f"w12_gemv_{name}.so" for name in revs}, [int(v) for v in a.m.split(",")],
                  a.rounds, "Skinny-kernel builds side by side (bench/ab_kernel.py)",
                  f"`python bench/ab_kernel.py --build DIR` (here; libraries {', '.join(f'{n} = {r}' for n, r in revs.items())}),"
-                 f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}`", a.out,
-                 "ab_kernel.md")
+                 f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}"
+                 f"{' --clocks' if a.clocks else ''}`", a.out, "ab_kernel.md", clocks=a.clocks)
     else:
         ap.error("give --build DIR or --libs DIR")
 

@@ -276,3 +276,16 @@ def test_ws_diagnostics_patch_the_current_kernel():
         assert src.count(anchor) == 1, f"bench/ws_trace.py anchor {anchor[:60]!r} does not occur once in w12_gemv.cu"
     for text, _, count in trace.WAITS:
         assert src.count(text) == count, f"bench/ws_trace.py wait {text[:60]!r} does not occur {count}× in w12_gemv.cu"
+
+
+def test_ab_kernel_clock_samples_fall_into_their_spans():
+    """bench/ab_kernel.py --clocks: nvidia-smi's CSV lines parsed (unreadable ones skipped), and each timed span gets the
+    median SM clock and the highest power of the samples inside it only."""
+    ab = _bench_module("ab_kernel")
+    rows = ab.parse_clocks("2026/12/04 23:05:01.100, 1980, 512.3\n2026/12/04 23:05:01.150, 1755, 690.1\nnot a sample\n"
+                           "2026/12/04 23:05:01.200, [N/A], 600\n2026/12/04 23:05:01.250, 1600, 700.0\n")
+    assert [r[1:] for r in rows] == [(1980.0, 512.3), (1755.0, 690.1), (1600.0, 700.0)]
+    t = lambda s: ab.datetime.datetime.strptime("2026/12/04 23:05:" + s, "%Y/%m/%d %H:%M:%S.%f")  # noqa: E731
+    stats = ab.span_stats(rows, {"w12": [(t("01.120"), t("01.260"))], "idle": [(t("02.000"), t("03.000"))],
+                                 "both": [(t("01.000"), t("01.110")), (t("01.240"), t("01.300"))]})
+    assert stats == {"w12": (1677.5, 700.0, 2), "both": (1790.0, 700.0, 2)}
