@@ -75,7 +75,9 @@ class Clocks:
     """nvidia-smi sampling the SM clock (MHz) and the board power (W) every 50 ms into `path`, and the wall-clock spans
     during which each key (a library and a bucket) was timed; a no-op where nvidia-smi is missing."""
 
-    QUERY = ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"]
+    # under `timeout`, so that a run killed from outside does not leave the sampler running
+    QUERY = ["timeout", "900", "nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
+             "-lms", "50"]
 
     def __init__(self, path: str):
         self.path, self.spans, self.proc = path, {}, None
