@@ -136,7 +136,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
     ratios = {(name, key): [] for name in names for key in keys}
     lines, mismatches = [], []
     sampler = Clocks(os.path.join(out, "clocks.csv")) if clocks else None
-    timed = (lambda key, fn: sampler.timed(key, fn)) if sampler else (lambda key, fn: fn())
+    timed = sampler.timed if sampler else (lambda key, fn: fn())
 
     def clock_lines(stats: dict) -> list:
         if not stats:

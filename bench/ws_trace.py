@@ -37,13 +37,12 @@ CASES = [(6144, 4096, 32, (4, 5)), (4096, 4096, 32, (4, 4)), (10240, 5120, 32, (
          (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)), (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1)),
          (28672, 4096, 128, (16, 1), True), (151936, 5120, 128, (16, 1), True)]  # True: the 8-bit view
 MAX_CTAS = 8192
-WORDS = 16  # trace words per CTA: 0-6 globaltimer stamps, 7 SM id, 8-15 the wait counters (WAIT_WORDS)
+WORDS = 16  # trace words per CTA: 0-6 globaltimer stamps, 7 SM id, 8-14 the wait counters (w12_sw)
 
 STAMP = "asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(w12_t));"
 # w12_sw (per CTA, shared): 0 consumer full-wait cycles, 1 consumer wgmma-wait cycles, 2 fetch cycles summed over
 # records, 3 records counted, 4 producer empty-wait cycles, 5 / 6 clock64 at slot 0 filled / at the loop's end.
 # w12_si[slot]: clock64 when the producer issued the slot's copies.
-WAIT_WORDS = ["full wait", "wgmma wait", "fetch", "records", "empty wait", "clock at slot 0", "clock at loop end"]
 
 
 def timed(call: str, add: str) -> str:
@@ -126,10 +125,15 @@ def stamped_source(src: str) -> str:
     return src + HOST
 
 
+def cta_rows(buf: list, ctas: int) -> list:
+    """Each CTA's WORDS trace words."""
+    return [buf[8 + WORDS * c: 8 + WORDS * (c + 1)] for c in range(ctas)]
+
+
 def phases(buf: list, ctas: int) -> list:
     """One replay's figures (µs) from the trace words (see PHASES)."""
     t0 = ~buf[0] & (2 ** 64 - 1)
-    rows = [buf[8 + WORDS * c: 8 + WORDS * (c + 1)] for c in range(ctas)]
+    rows = cta_rows(buf, ctas)
     med = lambda i, j: statistics.median(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
     mx = lambda i, j: max(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
     return [(buf[1] - t0) / 1e3, (min(r[0] for r in rows) - t0) / 1e3, (max(r[0] for r in rows) - t0) / 1e3,
@@ -144,8 +148,7 @@ def waits(buf: list, ctas: int) -> list:
     """One replay's wait figures (WAIT_COLS), medians over the CTAs: the main loop from slot 0 filled to the loop's end
     in SM cycles (w12_sw 5, 6) and in ns (stamps 3, 4) give the clock; the waits are fractions of the loop."""
     per = []
-    for c in range(ctas):
-        r = buf[8 + WORDS * c: 8 + WORDS * (c + 1)]
+    for r in cta_rows(buf, ctas):
         w = r[8:15]
         cyc, ns = w[6] - w[5], r[4] - r[3]
         if cyc <= 0 or ns <= 0 or w[3] == 0:
