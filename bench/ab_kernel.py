@@ -15,6 +15,10 @@ round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md, rewritten after 
 kernel that faults or hangs: run it under `timeout`) keeps what it measured. With --clocks, nvidia-smi samples the SM
 clock and the board power every 50 ms (OUT/clocks.csv), and the report adds, per library and M, the median SM clock
 and the highest power drawn while that library (or cuBLAS) was being timed: whether a build runs at a lower clock.
+
+Before anything is timed, a child process runs every library once on every shape and M (each call synchronised): a
+library that hangs (no call returns within --probe-s seconds) or faults there is dropped and named in the report, and
+the rest are timed, so one broken variant does not cost the call its other builds (--probe-s 0 skips the screen).
 """
 
 import argparse
@@ -22,9 +26,11 @@ import ctypes
 import datetime
 import math
 import os
+import selectors
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -125,7 +131,73 @@ def span_stats(rows: list, spans: dict) -> dict:
     return stats
 
 
-def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fname: str, clocks: bool = False):
+def probe_child(libs: dict, ms):
+    """The screen's child (--probe): every library once on every shape, M and kind, each call synchronised, with
+    `run NAME WHERE` printed before it, `mat WHERE` before each matrix is built, and `done` at the end."""
+    from kernels import SHAPES, Mat
+
+    from w12.kernels import gemm_cuda as gc
+    cdlls = {name: ctypes.CDLL(str(path)) for name, path in libs.items()}
+    for si, (n, k) in enumerate(SHAPES):
+        print(f"mat {n}×{k}", flush=True)
+        mt = Mat(n, k, 300 + si)
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            for view in (False, True):
+                cfg = gc.dispatched_config(m, n, k, view)
+                for name, lib in cdlls.items():
+                    print(f"run {name} {n}×{k} M={m} {'view' if view else 'W12'}", flush=True)
+                    gc.library = lambda lib=lib: lib
+                    mt.run(x, view=view, cuda=cfg)
+                    torch.cuda.synchronize()
+        del mt
+        torch.cuda.empty_cache()
+    print("done", flush=True)
+
+
+def screen(child_cmd, names: list, timeout_s: float) -> dict:
+    """Runs child_cmd(names) (a command line printing probe_child's lines) until it prints `done`; a library that hangs
+    (no line for timeout_s seconds after its `run`) or fails (the child exits after its `run`) is dropped and the child
+    restarted without it. Returns {dropped name: why}. Raises RuntimeError when the child fails outside a library's call."""
+    dropped = {}
+    while [n for n in names if n not in dropped]:
+        left = [n for n in names if n not in dropped]
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(child_cmd(left), stdout=subprocess.PIPE, stderr=err)
+            sel = selectors.DefaultSelector()
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            buf, current, done = b"", None, False
+            while True:
+                if not sel.select(timeout_s):  # silent: the current call has not returned
+                    proc.kill()
+                    proc.wait()
+                    if current is None:
+                        raise RuntimeError(f"the probe child was silent for {timeout_s:.0f} s outside any library's call")
+                    dropped[current[0]] = f"hung (no return within {timeout_s:.0f} s) at {current[1]}"
+                    break
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in (ln.decode() for ln in lines):
+                    words = line.split(" ", 2)
+                    current = (words[1], words[2]) if words[0] == "run" and len(words) == 3 else None
+                    done = done or line == "done"
+                if not chunk:  # the child exited
+                    rc = proc.wait()
+                    if rc == 0 and done:
+                        return dropped
+                    err.seek(0)
+                    last = (err.read().strip().splitlines() or [f"exit status {rc}"])[-1]
+                    if current is None:
+                        raise RuntimeError(f"the probe child failed outside any library's call: {last}")
+                    dropped[current[0]] = f"failed at {current[1]}: {last}"
+                    break
+            sel.close()
+    return dropped
+
+
+def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fname: str, clocks: bool = False,
+             dropped: dict = None):
     """Bits of every library against the first one's, then interleaved timing (see the module docstring)."""
     from kernels import SHAPES, Mat, bench
 
@@ -165,6 +237,8 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             "| N×K | M | cuBLAS µs | " + " | ".join(f"W12 {v}" for v in names) + " | "
             + " | ".join(f"view {v}" for v in names) + " |",
             "|---" * (3 + 2 * len(names)) + "|", *lines, *clock_lines(stats or {}),
+            *(["", "Dropped by the screen before timing:", *(f"- {n}: {why}" for n, why in dropped.items())]
+              if dropped else []),
             *(["", f"Not {names[0]}'s bits:", *mismatches] if mismatches else [])]) + "\n"
         with open(os.path.join(out, fname), "w") as fh:
             fh.write(text)
@@ -231,6 +305,9 @@ def main():
     ap.add_argument("--m", default="1,2", help="comma-separated M values (default 1,2)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clocks", action="store_true", help="sample the SM clock and power with nvidia-smi while timing")
+    ap.add_argument("--probe-s", type=float, default=60,
+                    help="seconds a library's call may take in the screen before it counts as hung (0: no screen)")
+    ap.add_argument("--probe", help=argparse.SUPPRESS)  # NAME,NAME: the screen's child
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.build:
@@ -238,13 +315,20 @@ def main():
         for name, lib in build_libs({name: source_at(rev) for name, rev in revs.items()}, a.build).items():
             print(name, lib)
         (a.build / "names.txt").write_text("".join(f"{name}={resolve(rev)}\n" for name, rev in revs.items()))
+    elif a.libs and a.probe:
+        probe_child({name: a.libs / f"w12_gemv_{name}.so" for name in a.probe.split(",")}, [int(v) for v in a.m.split(",")])
     elif a.libs:
         revs = dict(line.split("=", 1) for line in (a.libs / "names.txt").read_text().split())
-        run_libs({name: a.libs / f"w12_gemv_{name}.so" for name in revs}, [int(v) for v in a.m.split(",")],
+        dropped = screen(lambda left: [sys.executable, *sys.orig_argv[1:], "--probe", ",".join(left)], list(revs),
+                         a.probe_s) if a.probe_s > 0 else {}
+        for name, why in dropped.items():
+            print(f"dropped {name}: {why}", flush=True)
+        run_libs({name: a.libs / f"w12_gemv_{name}.so" for name in revs if name not in dropped},
+                 [int(v) for v in a.m.split(",")],
                  a.rounds, "Skinny-kernel builds side by side (bench/ab_kernel.py)",
                  f"`python bench/ab_kernel.py --build DIR` (here; libraries {', '.join(f'{n} = {r}' for n, r in revs.items())}),"
                  f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}"
-                 f"{' --clocks' if a.clocks else ''}`", a.out, "ab_kernel.md", clocks=a.clocks)
+                 f"{' --clocks' if a.clocks else ''}`", a.out, "ab_kernel.md", clocks=a.clocks, dropped=dropped)
     else:
         ap.error("give --build DIR or --libs DIR")
 

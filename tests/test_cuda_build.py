@@ -289,3 +289,31 @@ def test_ab_kernel_clock_samples_fall_into_their_spans():
     stats = ab.span_stats(rows, {"w12": [(t("01.120"), t("01.260"))], "idle": [(t("02.000"), t("03.000"))],
                                  "both": [(t("01.000"), t("01.110")), (t("01.240"), t("01.300"))]})
     assert stats == {"w12": (1677.5, 700.0, 2), "both": (1790.0, 700.0, 2)}
+
+
+def test_ab_kernel_screen_drops_a_library_that_hangs_or_fails():
+    """bench/ab_kernel.py's screen: a child (here a stand-in printing probe_child's lines) is restarted without the
+    library whose call never returned or whose call ended the child, the others survive, and a child that dies outside
+    any library's call is an error rather than a library's fault."""
+    ab = _bench_module("ab_kernel")
+    child = """
+import sys, time
+for shape in ("4096×4096", "6144×4096"):
+    print("mat " + shape, flush=True)
+    for name in sys.argv[1].split(","):
+        print("run " + name + " " + shape + " M=1 W12", flush=True)
+        if name == "hangs" and shape == "6144×4096":
+            time.sleep(60)
+        if name == "faults":
+            sys.exit("RuntimeError: CUDA error: an illegal memory access was encountered")
+print("done", flush=True)
+"""
+    cmd = lambda names: [sys.executable, "-c", child, ",".join(names)]  # noqa: E731
+    dropped = ab.screen(cmd, ["base", "hangs", "faults", "new"], timeout_s=3)
+    assert dropped == {"hangs": "hung (no return within 3 s) at 6144×4096 M=1 W12",
+                       "faults": "failed at 4096×4096 M=1 W12: RuntimeError: CUDA error: an illegal memory access was "
+                                 "encountered"}
+    assert ab.screen(cmd, ["base", "new"], timeout_s=3) == {}
+    with pytest.raises(RuntimeError, match="outside any library's call: boom"):
+        ab.screen(lambda names: [sys.executable, "-c", "import sys; print('mat 1×1', flush=True); sys.exit('boom')"],
+                  ["base"], timeout_s=3)
