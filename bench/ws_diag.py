@@ -27,6 +27,7 @@ import argparse
 import ctypes
 import datetime
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -44,23 +45,19 @@ CASES = [(151936, 5120, 32), (151936, 5120, 128), (28672, 4096, 32), (28672, 409
 BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"), (300, 1088, 20, "WsConfig(4, 3)"),
         (200, 64 * 7, 9, "WsConfig(2, 1)"), (300, 1088, 128, "WsConfig(16, 1)"), (1000, 4160, 100, "WsConfig(16, 3)")]
 
-ANCHOR = """      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot));
-      wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
-      }
-      wg_wait0();
-"""
+# The one-record loop's text patches: each anchor occurs once in the kernel (ESCAPES: one or more lines, each an escape
+# call of the loop's record — ws_escapes, or a variant's register form beside it).
+DECODE = "      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);\n"
+MMA = "      fence_acc(acc);\n      wg_fence();\n      ws_mma<NT>(acc, fa, saddr(slot));\n      wg_commit();\n"
+WAIT0 = "      wg_wait0();\n      __syncwarp();\n      if (lane == 0) mbar_arrive(empty + s);"
+ESCAPES = re.compile(r"^( +)(ws_escapes\w*<\w+>\(my_toff, my_ent, e_lo, i, a, slot, .*;)\n", re.M)
 WAIT = "      mbar_wait(full + s, (i / STAGES) & 1);\n"  # the consumers' wait in the one-record loop
 PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);\n"
 START = """    int i = 0;
     // At nt = 16 (and the view's nt = 4), records two at a time"""
-PAIRS = "for (; (NT >= 16 || (VIEW && NT == 4)) && i + 1 < nrec; i += 2)"  # the record-pair loop: off in every variant
-PATCH = """#if W12_WS_DIAG & 4
+PAIRS = re.compile(r"for \(; [^;]* && i \+ 1 < nrec; i \+= 2\)")  # the record-pair loop: off in every variant
+ANCHORS = ("DECODE", "MMA", "WAIT0", "WAIT", "PRODUCE", "START")
+DECODE_PATCH = """#if W12_WS_DIAG & 4
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         for (int j = 0; j < 4; ++j) fa[k][j] = 0x3C003C00u ^ (uint32_t)(i * 16 + 4 * k + j);
@@ -74,42 +71,36 @@ PATCH = """#if W12_WS_DIAG & 4
         }
       }
 #else
-      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-#endif
-#if W12_WS_DIAG & 2
-      {
+""" + DECODE + "#endif\n"
+FOLD = """      {
         uint32_t h = 0;
 #pragma unroll
         for (int k = 0; k < 4; ++k) h ^= fa[k][0] ^ fa[k][1] ^ fa[k][2] ^ fa[k][3];
         acc[0][0] += __uint_as_float(h & 0x3FFFFFu);
       }
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-#if !(W12_WS_DIAG & 8)
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
-#endif
-      }
-#else
-      fence_acc(acc);
-      wg_fence();
-      ws_mma<NT>(acc, fa, saddr(slot));
-      wg_commit();
-      if (!VIEW) {
-        if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-#if !(W12_WS_DIAG & 8)
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
-#endif
-      }
-      wg_wait0();
-#endif
 """
 
 
-def variant_source(diag: int) -> str:
-    src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True, capture_output=True,
-                         text=True).stdout
-    assert all(src.count(s) == 1 for s in (ANCHOR, PAIRS, WAIT, PRODUCE, START)), "the ws loop changed: update ws_diag"
-    src = src.replace(ANCHOR, PATCH).replace(PAIRS, "for (; false && i + 1 < nrec; i += 2)")
+def check_anchors(src: str):
+    """AssertionError unless every anchor occurs once in the kernel's text `src` and the loop has an escape call."""
+    for name in ANCHORS:
+        assert src.count(globals()[name]) == 1, f"bench/ws_diag.py: {name} does not occur once in w12_gemv.cu"
+    assert ESCAPES.search(src), "bench/ws_diag.py: no escape call of the one-record loop in w12_gemv.cu"
+    assert len(PAIRS.findall(src)) == 1, "bench/ws_diag.py: PAIRS does not occur once in w12_gemv.cu"
+
+
+def variant_source(diag: int, src: str = None) -> str:
+    """The kernel's text (`src`, HEAD's by default) with W12_WS_DIAG = diag: 1 decode → raw words, 4 → constants; 2 the
+    MMA → a fold (and no wait); 8 the loop's escape calls → nothing; 16 no ring; 32 warpgroup 1 late; the pair loop off
+    in every variant."""
+    if src is None:
+        src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True,
+                             capture_output=True, text=True).stdout
+    check_anchors(src)
+    src = (src.replace(DECODE, DECODE_PATCH).replace(MMA, f"#if W12_WS_DIAG & 2\n{FOLD}#else\n{MMA}#endif\n")
+           .replace(WAIT0, "#if !(W12_WS_DIAG & 2)\n" + WAIT0.replace("\n", "\n#endif\n", 1)))
+    src = PAIRS.sub("for (; false && i + 1 < nrec; i += 2)", src)
+    src = ESCAPES.sub(lambda mt: f"#if W12_WS_DIAG & 8\n{mt[1]};\n#else\n{mt[1]}{mt[2]}\n#endif\n", src)
     offset = "    if (warp >= 4) {\n      const long long t0 = clock64();\n      while (clock64() - t0 < 400) {}\n    }\n"
     for text, cond, code in [(WAIT, "!(W12_WS_DIAG & 16)", WAIT), (PRODUCE, "!(W12_WS_DIAG & 16)", PRODUCE),
                              (START, "W12_WS_DIAG & 32", offset)]:  # code under #if cond, in place of / before text
