@@ -80,7 +80,8 @@ PATCHES = [  # (anchor in the landed source, text put after it); each anchor mus
      "      W12_STAMP(W12_CTA + 3);\n      w12_sw[5] = w12_clk();\n    }\n    __syncwarp();\n"),
     ("    fence_acc(acc);  // the accumulators are read only after the last wait\n",
      "    if (warp == 0 && lane == 0) {\n      w12_sw[6] = w12_clk();\n      W12_STAMP(W12_CTA + 4);\n    }\n"),
-    ("  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
+    # the barrier after the main loop (__syncthreads, or a producer warpgroup form's consumer-side bar.sync)
+    ("// every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
      "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"
      "  if (tid < 7) g_ws_trace[W12_CTA + 8 + tid] = w12_sw[tid];\n"),
     ("                                         N, nb * 128, m0, mcount);\n",
