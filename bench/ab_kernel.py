@@ -158,7 +158,8 @@ def probe_child(libs: dict, ms):
 def screen(child_cmd, names: list, timeout_s: float) -> dict:
     """Runs child_cmd(names) (a command line printing probe_child's lines) until it prints `done`; a library that hangs
     (no line for timeout_s seconds after its `run`) or fails (the child exits after its `run`) is dropped and the child
-    restarted without it. Returns {dropped name: why}. Raises RuntimeError when the child fails outside a library's call."""
+    restarted without it. Returns {dropped name: why}. Raises RuntimeError when the child fails, or is silent for
+    10 · timeout_s, outside a library's call."""
     dropped = {}
     while [n for n in names if n not in dropped]:
         left = [n for n in names if n not in dropped]
@@ -168,11 +169,14 @@ def screen(child_cmd, names: list, timeout_s: float) -> dict:
             sel.register(proc.stdout, selectors.EVENT_READ)
             buf, current, done = b"", None, False
             while True:
-                if not sel.select(timeout_s):  # silent: the current call has not returned
+                # silent: the current call has not returned (outside a call — CUDA's start, a matrix built, a first
+                # Triton compile — ten times as long is allowed)
+                if not sel.select(timeout_s if current else 10 * timeout_s):
                     proc.kill()
                     proc.wait()
                     if current is None:
-                        raise RuntimeError(f"the probe child was silent for {timeout_s:.0f} s outside any library's call")
+                        raise RuntimeError(f"the probe child was silent for {10 * timeout_s:.0f} s outside any "
+                                           "library's call")
                     dropped[current[0]] = f"hung (no return within {timeout_s:.0f} s) at {current[1]}"
                     break
                 chunk = os.read(proc.stdout.fileno(), 65536)

@@ -313,6 +313,8 @@ print("done", flush=True)
                        "faults": "failed at 4096×4096 M=1 W12: RuntimeError: CUDA error: an illegal memory access was "
                                  "encountered"}
     assert ab.screen(cmd, ["base", "new"], timeout_s=3) == {}
+    slow_start = "import sys, time; print('mat 1×1', flush=True); time.sleep(2); print('run base 1×1 M=1 W12'); print('done')"
+    assert ab.screen(lambda names: [sys.executable, "-c", slow_start], ["base"], timeout_s=1) == {}  # 2 s < 10 · 1 s
     with pytest.raises(RuntimeError, match="outside any library's call: boom"):
         ab.screen(lambda names: [sys.executable, "-c", "import sys; print('mat 1×1', flush=True); sys.exit('boom')"],
                   ["base"], timeout_s=3)
