@@ -161,43 +161,44 @@ def screen(child_cmd, names: list, timeout_s: float) -> dict:
     restarted without it. Returns {dropped name: why}. Raises RuntimeError when the child fails, or is silent for
     10 · timeout_s, outside a library's call."""
     dropped = {}
-    while [n for n in names if n not in dropped]:
-        left = [n for n in names if n not in dropped]
-        with tempfile.TemporaryFile("w+") as err:
-            proc = subprocess.Popen(child_cmd(left), stdout=subprocess.PIPE, stderr=err)
-            sel = selectors.DefaultSelector()
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            buf, current, done = b"", None, False
-            while True:
-                # silent: the current call has not returned (outside a call — CUDA's start, a matrix built, a first
-                # Triton compile — ten times as long is allowed)
-                if not sel.select(timeout_s if current else 10 * timeout_s):
-                    proc.kill()
-                    proc.wait()
-                    if current is None:
-                        raise RuntimeError(f"the probe child was silent for {10 * timeout_s:.0f} s outside any "
-                                           "library's call")
-                    dropped[current[0]] = f"hung (no return within {timeout_s:.0f} s) at {current[1]}"
-                    break
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in (ln.decode() for ln in lines):
-                    words = line.split(" ", 2)
-                    current = (words[1], words[2]) if words[0] == "run" and len(words) == 3 else None
-                    done = done or line == "done"
-                if not chunk:  # the child exited
-                    rc = proc.wait()
-                    if rc == 0 and done:
-                        return dropped
-                    err.seek(0)
-                    last = (err.read().strip().splitlines() or [f"exit status {rc}"])[-1]
-                    if current is None:
-                        raise RuntimeError(f"the probe child failed outside any library's call: {last}")
-                    dropped[current[0]] = f"failed at {current[1]}: {last}"
-                    break
-            sel.close()
+    while left := [n for n in names if n not in dropped]:
+        current, kind, detail = watch_child(child_cmd(left), timeout_s)
+        if kind == "done":
+            return dropped
+        if current is None:
+            raise RuntimeError(f"the probe child failed outside any library's call: {detail}" if kind == "failed"
+                               else f"the probe child was silent for {detail} outside any library's call")
+        name, where = current
+        dropped[name] = f"hung (no return within {detail}) at {where}" if kind == "hung" else f"failed at {where}: {detail}"
     return dropped
+
+
+def watch_child(cmd: list, timeout_s: float) -> tuple:
+    """Runs cmd, reading probe_child's lines as they come: (the running call's (name, where) or None, "done" | "hung" |
+    "failed", the silence allowed or the child's last stderr line). Between calls — CUDA's start, a matrix built, a
+    first Triton compile — ten times timeout_s is allowed."""
+    with tempfile.TemporaryFile("w+") as err, selectors.DefaultSelector() as sel:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err)
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf, current, done = b"", None, False
+        while True:
+            limit = timeout_s if current else 10 * timeout_s
+            if not sel.select(limit):  # silent: the running call has not returned
+                proc.kill()
+                proc.wait()
+                return current, "hung", f"{limit:.0f} s"
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            *lines, buf = (buf + chunk).split(b"\n")
+            for line in (ln.decode() for ln in lines):
+                words = line.split(" ", 2)
+                current = (words[1], words[2]) if words[0] == "run" and len(words) == 3 else None
+                done = done or line == "done"
+            if not chunk:  # the child exited
+                rc = proc.wait()
+                if rc == 0 and done:
+                    return current, "done", ""
+                err.seek(0)
+                return current, "failed", (err.read().strip().splitlines() or [f"exit status {rc}"])[-1]
 
 
 def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fname: str, clocks: bool = False,
