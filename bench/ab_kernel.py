@@ -169,7 +169,8 @@ def screen(child_cmd, names: list, timeout_s: float) -> dict:
             raise RuntimeError(f"the probe child failed outside any library's call: {detail}" if kind == "failed"
                                else f"the probe child was silent for {detail} outside any library's call")
         name, where = current
-        dropped[name] = f"hung (no return within {detail}) at {where}" if kind == "hung" else f"failed at {where}: {detail}"
+        dropped[name] = (f"hung (no return within {detail}) at {where}" if kind == "hung"
+                         else f"failed at {where}: {detail}")
     return dropped
 
 
