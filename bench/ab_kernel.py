@@ -321,17 +321,17 @@ def main():
         for name, lib in build_libs({name: source_at(rev) for name, rev in revs.items()}, a.build).items():
             print(name, lib)
         (a.build / "names.txt").write_text("".join(f"{name}={resolve(rev)}\n" for name, rev in revs.items()))
-    elif a.libs and a.probe:
-        probe_child({name: a.libs / f"w12_gemv_{name}.so" for name in a.probe.split(",")}, [int(v) for v in a.m.split(",")])
     elif a.libs:
+        ms, lib = [int(v) for v in a.m.split(",")], (lambda name: a.libs / f"w12_gemv_{name}.so")
+        if a.probe:
+            return probe_child({name: lib(name) for name in a.probe.split(",")}, ms)
         revs = dict(line.split("=", 1) for line in (a.libs / "names.txt").read_text().split())
         dropped = screen(lambda left: [sys.executable, *sys.orig_argv[1:], "--probe", ",".join(left)], list(revs),
                          a.probe_s) if a.probe_s > 0 else {}
         for name, why in dropped.items():
             print(f"dropped {name}: {why}", flush=True)
-        run_libs({name: a.libs / f"w12_gemv_{name}.so" for name in revs if name not in dropped},
-                 [int(v) for v in a.m.split(",")],
-                 a.rounds, "Skinny-kernel builds side by side (bench/ab_kernel.py)",
+        run_libs({name: lib(name) for name in revs if name not in dropped}, ms, a.rounds,
+                 "Skinny-kernel builds side by side (bench/ab_kernel.py)",
                  f"`python bench/ab_kernel.py --build DIR` (here; libraries {', '.join(f'{n} = {r}' for n, r in revs.items())}),"
                  f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}"
                  f"{' --clocks' if a.clocks else ''}`", a.out, "ab_kernel.md", clocks=a.clocks, dropped=dropped)

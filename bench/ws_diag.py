@@ -29,14 +29,12 @@ import datetime
 import os
 import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only", 8: "no escapes",
             13: "mma only, no escapes", 24: "no ring, no escapes", 28: "mma only, no ring, no escapes",
             32: "offset", 56: "no ring, no escapes, offset", 60: "mma only, no ring, no escapes, offset"}
@@ -89,13 +87,9 @@ def check_anchors(src: str):
     assert len(PAIRS.findall(src)) == 1, "bench/ws_diag.py: PAIRS does not occur once in w12_gemv.cu"
 
 
-def variant_source(diag: int, src: str = None) -> str:
-    """The kernel's text (`src`, HEAD's by default) with W12_WS_DIAG = diag: 1 decode → raw words, 4 → constants; 2 the
-    MMA → a fold (and no wait); 8 the loop's escape calls → nothing; 16 no ring; 32 warpgroup 1 late; the pair loop off
-    in every variant."""
-    if src is None:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/w12_gemv.cu"], check=True,
-                             capture_output=True, text=True).stdout
+def variant_source(diag: int, src: str) -> str:
+    """The kernel's text `src` with W12_WS_DIAG = diag: 1 decode → raw words, 4 → constants; 2 the MMA → a fold (and no
+    wait); 8 the loop's escape calls → nothing; 16 no ring; 32 warpgroup 1 late; the pair loop off in every variant."""
     check_anchors(src)
     src = (src.replace(DECODE, DECODE_PATCH).replace(MMA, f"#if W12_WS_DIAG & 2\n{FOLD}#else\n{MMA}#endif\n")
            .replace(WAIT0, "#if !(W12_WS_DIAG & 2)\n" + WAIT0.replace("\n", "\n#endif\n", 1)))
@@ -198,7 +192,8 @@ def main():
     a = ap.parse_args()
     if a.build:
         from ab_kernel import build_libs, source_at
-        sources = {f"diag{d}": variant_source(d) for d in sorted({0, *map(int, a.variants.split(","))})}
+        head = source_at("HEAD")
+        sources = {f"diag{d}": variant_source(d, head) for d in sorted({0, *map(int, a.variants.split(","))})}
         for spec in a.new or []:
             name, rev = spec.split("=", 1)
             sources[name] = source_at(rev)
