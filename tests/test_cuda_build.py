@@ -318,3 +318,23 @@ print("done", flush=True)
     with pytest.raises(RuntimeError, match="outside any library's call: boom"):
         ab.screen(lambda names: [sys.executable, "-c", "import sys; print('mat 1×1', flush=True); sys.exit('boom')"],
                   ["base"], timeout_s=3)
+
+
+def test_rev_tree_is_an_importable_revision(tmp_path):
+    """bench/rev_tree.sh writes a revision's packages in pyproject's package-dir layout (what the GPU machine runs
+    bench scripts on, with no install): `w12.kernels` then imports from that tree, with its .cu source beside it;
+    an unknown revision is refused before anything is written."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout")
+    out = tmp_path / "tree"
+    subprocess.run(["bash", str(ROOT / "bench" / "rev_tree.sh"), "HEAD", str(out)], cwd=ROOT, check=True,
+                   capture_output=True)
+    assert sorted(p.name for p in out.iterdir()) == ["bench", "w12"]
+    assert (out / "w12" / "kernels" / "w12_gemv.cu").is_file() and not (out / "bench" / "results").exists()
+    r = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                        "import w12.kernels.gemm_cuda as g, w12.formats.matrix; print(g.__file__)", str(out)],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == str(out / "w12" / "kernels" / "gemm_cuda.py")
+    bad = subprocess.run(["bash", str(ROOT / "bench" / "rev_tree.sh"), "no-such-rev", str(tmp_path / "x")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no commit 'no-such-rev'" in bad.stderr and not (tmp_path / "x").exists()
