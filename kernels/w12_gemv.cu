@@ -1261,11 +1261,8 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   }
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
   const long words = (long)mpad * KB * 32;
-  // DIAGNOSTIC (wrong bits): the X reorder kernel not launched, the ws kernel reads whatever xq holds: what the reorder
-  // and its launch gap cost the call (the first ~2.7 µs by ws_trace) — worth removing it by another decode order?
-  if (words < 0)
-    w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
-                                                                          M, mpad, KB * 64);
+  w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
+                                                                        M, mpad, KB * 64);
   cudaLaunchConfig_t cfg = {};
   if (tsplit > 1 && (split != 1 || mtiles != 1 || head < 0 || head > NB)) return cudaErrorInvalidValue;
   cfg.gridDim = dim3(tsplit > 1 ? head + (NB - head) * tsplit : NB, mtiles, split);
