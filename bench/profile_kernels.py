@@ -8,7 +8,8 @@
     python bench/profile_kernels.py --pipes raw.csv --names names.txt   # tensor / ALU / LSU pipes, issue, shared memory
                                         # (profile with --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
 
-At M > 8 the ws kernel is profiled too, with WS_TABLE's config for the shape or else ws_rule_config's.  It launches
+At M > 8 the ws kernel is profiled too (W12, then the 8-bit view: the same ring with 8 KB records and no escapes), with
+WS_TABLE's config for the shape or else ws_rule_config's.  It launches
 an X-reordering kernel first:
 profile with --kernel-name regex:"gemm|gemv|nvjet" so that the n-th profiled kernel stays the n-th variant.
 Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
@@ -59,6 +60,7 @@ def variants(cases=DEFAULT_CASES):
             if m > 8:  # the ws kernel: WS_TABLE's (or W12_WS_TABLE's) config, else the rule's
                 c = gc.WS_TABLE.get((n, k, gc.m_bucket(m))) or gc.ws_rule_config(m, n, k)
                 cands.append((f"ws {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
+                cands.append((f"ws view {c}", lambda x=x, mt=mt, c=c: mt.run(x, view=True, cuda=c)))
             for name, fn in cands:
                 y = fn()
                 if "view" not in name and "floor" not in name:
