@@ -947,7 +947,6 @@ __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, uint32_t by
 // rows m ≥ M are zero.  One thread per 32-bit word.
 __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, uint32_t* __restrict__ xq, int M,
                                 int Mpad, int K) {
-  pdl_launch_dependents();  // the ws kernel (launched with PDL) may start now: it reads xq only after pdl_wait
   const int words = K / 2;  // 32-bit column pairs per row
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < (long)Mpad * words; i += (long)gridDim.x * blockDim.x) {
     const int m = (int)(i / words), w = (int)(i % words), kb = w >> 5, d = wg_word(w & 31);
@@ -1001,22 +1000,7 @@ __device__ __forceinline__ void ws_produce(uint8_t* ring, uint64_t* full, uint64
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   const uint8_t* wsrc = rec + ((size_t)nb * KB + a) * REC;
   const uint8_t* xsrc = xq + ((size_t)a * Mpad + m0) * 128;
-  // PDL: the ws kernel may start while w12_x_ws_kernel still writes xq.  The first STAGES slots' records (the weights:
-  // no kernel writes them) are copied at once; their X tiles once pdl_wait says xq is complete.
-  const int pre = min(STAGES, nrec);
-  if (lane == 0)
-    for (int i = 0; i < pre; ++i) {
-      mbar_expect(full + i, XB + WBYTES);
-      if (wfirst)
-        bulk_g2s(ring + i * SLOT + XB, wsrc + (size_t)i * REC, WBYTES, full + i, first);
-      else
-        bulk_g2s(ring + i * SLOT + XB, wsrc + (size_t)i * REC, WBYTES, full + i);
-    }
-  pdl_wait();
-  if (lane == 0)
-    for (int i = 0; i < pre; ++i) bulk_g2s(ring + i * SLOT, xsrc + (size_t)i * Mpad * 128, XB, full + i);
-  __syncwarp();
-  for (int i = pre; i < nrec; ++i) {
+  for (int i = 0; i < nrec; ++i) {
     const int s = i % STAGES;
     if (i >= STAGES) mbar_wait(empty + s, ((i / STAGES) - 1) & 1);  // the consumers are done with the slot
     if (lane == 0) {
@@ -1193,7 +1177,6 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2* my_ent = s_ent + warp * WS_ECAP;
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
-    pdl_wait();  // X (read directly by ws_late_escapes) complete; the slots' X tiles come after the producer's wait
     int i = 0;
     // At nt = 16 (and the view's nt = 4), records two at a time: a pair's eight wgmma share one commit group, one wait
     // and one round of `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as
@@ -1286,15 +1269,13 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   cfg.blockDim = dim3(WS_THREADS);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;  // PDL after w12_x_ws_kernel (ws_produce)
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;  // split K in a cluster pair (finish_tile_cluster)
-  attr[1].val.clusterDim.x = 1;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = split;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;  // split K in a cluster pair (finish_tile_cluster)
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = split;
   cfg.attrs = attr;
-  cfg.numAttrs = split == 2 ? 2 : 1;  // gemm_cuda.CLUSTER_SPLIT
+  cfg.numAttrs = split == 2 ? 1 : 0;  // gemm_cuda.CLUSTER_SPLIT
   return cudaLaunchKernelEx(&cfg, kern, (const __nv_bfloat16*)x, (const uint8_t*)xq, mpad, M, ldx, (const uint8_t*)rec,
                             (const uint8_t*)expo, (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy,
                             N, KB, (float*)ws, (int*)tickets, wfirst, head, tsplit);
