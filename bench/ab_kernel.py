@@ -87,10 +87,11 @@ class Clocks:
 
     def __init__(self, path: str):
         self.path, self.spans, self.proc = path, {}, None
-        try:
-            self.proc = subprocess.Popen(self.QUERY, stdout=open(path, "w"), stderr=subprocess.DEVNULL)
-        except OSError:
-            pass
+        with open(path, "w") as fh:  # the child keeps its own copy of the descriptor
+            try:
+                self.proc = subprocess.Popen(self.QUERY, stdout=fh, stderr=subprocess.DEVNULL)
+            except OSError:
+                pass
 
     def timed(self, key, fn):
         """fn(), its wall-clock span recorded under key."""

@@ -25,14 +25,12 @@ import ctypes
 import datetime
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-ROOT = Path(__file__).resolve().parents[1]
 CASES = [(6144, 4096, 32, (4, 5)), (4096, 4096, 32, (4, 4)), (10240, 5120, 32, (4, 3)), (151936, 5120, 32, (4, 1)),
          (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)), (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1)),
          (28672, 4096, 128, (16, 1), True), (151936, 5120, 128, (16, 1), True)]  # True: the 8-bit view
@@ -120,9 +118,9 @@ def stamped_source(src: str) -> str:
     for anchor, add in PATCHES:
         assert src.count(anchor) == 1, f"bench/ws_trace.py: anchor not found once in w12_gemv.cu: {anchor[:60]!r}"
         src = src.replace(anchor, anchor + add)
-    for text, timed, count in WAITS:
+    for text, counted, count in WAITS:
         assert src.count(text) == count, f"bench/ws_trace.py: wait not found {count}× in w12_gemv.cu: {text[:60]!r}"
-        src = src.replace(text, timed)
+        src = src.replace(text, counted)
     return src + HOST
 
 
