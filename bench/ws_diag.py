@@ -51,8 +51,7 @@ WAIT0 = "      wg_wait0();\n      __syncwarp();\n      if (lane == 0) mbar_arriv
 ESCAPES = re.compile(r"^( +)(ws_escapes\w*<\w+>\(my_toff, my_ent, e_lo, i, a, slot, .*;)\n", re.M)
 WAIT = "      mbar_wait(full + s, (i / STAGES) & 1);\n"  # the consumers' wait in the one-record loop
 PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);\n"
-START = """    int i = 0;
-    // At nt = 16 (and the view's nt = 4), records two at a time"""
+START = "    int i = 0;\n"
 PAIRS = re.compile(r"for \(; [^;]* && i \+ 1 < nrec; i \+= 2\)")  # the record-pair loop: off in every variant
 ANCHORS = ("DECODE", "MMA", "WAIT0", "WAIT", "PRODUCE", "START")
 DECODE_PATCH = """#if W12_WS_DIAG & 4

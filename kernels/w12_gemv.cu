@@ -783,6 +783,7 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); }
 
 // Pins the accumulator registers at this point of the program (no copy of them is taken across a wgmma wait).
 template <int NT>
@@ -887,7 +888,42 @@ __device__ __forceinline__ int x_off(int m, int col) {
 // 2026-12-02-kernels-ncu-ws-sass-h200-s15.md).
 // What bounds M = 128, and the alternatives measured and not kept (clusters, SS wgmma, stream-K, X staged in the
 // kernel, escapes elsewhere, persistent and pipelined forms): kernels/w12_gemv_tried.md, "ws kernel".
-constexpr int WS_THREADS = 288, WS_ECAP = 64;  // 8 consumer warps + the producer; escape entries per warp staged
+constexpr int WS_ECAP = 64;  // escape entries per warp staged
+// Threads: 8 consumer warps + the producer warp; at nt = 16 a whole producer warpgroup (warp 8 copies, 9–11 idle), so
+// that setmaxnreg can move registers from it to the consumers: launched at 168 per thread (12 warps, 3 on each SM
+// sub-partition), the producers drop to 40 and the consumers rise to 232 — room for the escape corrections in
+// registers (ws_rcorr).  (Below nt = 16, two 9-warp CTAs per SM cap every thread at 96: 5 warps on one sub-partition.)
+// At nt = 4 likewise (two CTAs of 12 warps per SM, launched at 80 registers): producers 32, consumers 104 — the CTA's
+// own 384 · 80 registers hold 128 · 32 + 256 · 104 — room for W12's record pairs (at the 96 cap they spilled).
+template <int NT>
+__host__ __device__ constexpr bool ws_pwg() {
+  return NT >= 16 || NT == 4;
+}
+template <int NT>
+__host__ __device__ constexpr int ws_threads() {
+  return ws_pwg<NT>() ? 384 : 288;
+}
+template <int NT>
+__host__ __device__ constexpr int ws_reg_launch() {
+  return NT >= 16 ? 168 : 80;
+}
+template <int NT>
+__host__ __device__ constexpr int ws_reg_producer() {
+  return NT >= 16 ? 40 : 32;
+}
+template <int NT>
+__host__ __device__ constexpr int ws_reg_consumer() {
+  return NT >= 16 ? 232 : 104;
+}
+template <int NT, bool VIEW>
+__host__ __device__ constexpr bool ws_rcorr() {  // W12's escape corrections in registers, not in corr
+  return !VIEW && NT >= 16;
+}
+__device__ __forceinline__ void bar_sync_all(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N)); }
 
 // The tile's sums cta_red [MT][128] (X row-major, the ws kernel's layout), one partial per CTA of the cluster.
 template <int MT, int THREADS>
@@ -959,7 +995,7 @@ __global__ void w12_x_ws_kernel(const __nv_bfloat16* __restrict__ x, int ldx, ui
 // W12's only: the 8-bit view has no escapes and spends it on a deeper ring.
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_corr_bytes() {
-  return VIEW ? 0 : 8 * 16 * 8 * NT * 4;
+  return VIEW || ws_rcorr<NT, VIEW>() ? 0 : 8 * 16 * 8 * NT * 4;
 }
 
 // ring depth: two CTAs per SM up to NT = 8 (≤ ~105 KB each), one at NT = 16.  The view, in the escapes' place: 7
@@ -969,7 +1005,7 @@ __host__ __device__ constexpr int ws_corr_bytes() {
 template <int NT, bool VIEW>
 __host__ __device__ constexpr int ws_stages() {
   if (VIEW) return NT <= 2 ? 7 : NT == 4 ? 6 : NT <= 8 ? 5 : 7;
-  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 5;
+  return NT <= 2 ? 6 : NT == 4 ? 5 : NT == 6 ? 4 : NT == 8 ? 3 : 7;  // nt = 16: corr in registers, the view's depth
 }
 
 template <int NT>
@@ -1036,8 +1072,11 @@ __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, i
 // A record's four k-steps: acc += A (the warp's decoded fragments fa) · X (the slot's X tile at shared address xa).
 template <int NT>
 __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)[4][4], uint32_t xa) {
+  // wg_desc(xa + 32·k) = wg_desc(xa) + 2·k: xa is 1024-byte aligned and below 2^18, so the start field only adds
+  const uint32_t lo = ((xa & 0x3FFFF) >> 4) | (1u << 16), hi = 64u | (1u << 30);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], wg_desc(xa + 32 * k));
+  for (int k = 0; k < 4; ++k)
+    wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], ((uint64_t)hi << 32) | (uint64_t)(lo + 2 * k));
 }
 
 // Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
@@ -1055,6 +1094,33 @@ __device__ __forceinline__ void ws_escapes(const int* my_toff, const uint2* my_e
       const uint16_t xv = *reinterpret_cast<const uint16_t*>(slot + x_off(m, col));
       my_corr[m * 16 + rl] = fmaf(__bfloat162float(__ushort_as_bfloat16(xv)), d, my_corr[m * 16 + rl]);
     }
+  }
+}
+
+// The same adds into registers (ws_rcorr): c has the accumulators' layout (lane (g, t) holds channels g, g + 8 of the
+// warp's 16 and X rows 8j + 2t, +1), so entry (rl, col) goes to the four lanes with g = rl % 8, each adding its 2·NT
+// rows: per (X row, channel) the same fmaf sequence in list order as ws_escapes, so the same bits.
+template <int NT>
+__device__ __forceinline__ void ws_escapes_r(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
+                                             const uint8_t* slot, const uint8_t* s_ew, float (&c)[NT][4], int g, int t) {
+  const int i0 = my_toff[i] - e_lo, i1 = min(my_toff[i + 1] - e_lo, WS_ECAP);
+  for (int e = i0; e < i1; ++e) {
+    const uint2 en = my_ent[e];
+    const int rl = (int)(en.x >> 24), col = (int)(en.x & 0xFFFFFFu) - (a + i) * 64;
+    if ((rl & 7) != g) continue;
+    const float d = __bfloat162float(__ushort_as_bfloat16((unsigned short)(en.y & 0xFFFFu))) - __int_as_float(((int)s_ew[rl] - 15) << 23);
+    const bool hi = rl >= 8;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int m = 8 * j + 2 * t + b;
+        const float xv = __bfloat162float(__ushort_as_bfloat16(*reinterpret_cast<const uint16_t*>(slot + x_off(m, col))));
+        if (hi)
+          c[j][2 + b] = fmaf(xv, d, c[j][2 + b]);
+        else
+          c[j][b] = fmaf(xv, d, c[j][b]);
+      }
   }
 }
 
@@ -1105,6 +1171,21 @@ __device__ __forceinline__ void ws_store_acc(float* red, const float (&acc)[NT][
   }
 }
 
+// The same with the corrections in registers (c: ws_escapes_r's layout): the same adds, so the same bits.
+template <int NT>
+__device__ __forceinline__ void ws_store_acc_r(float* red, const float (&acc)[NT][4], const uint8_t* s_ew,
+                                               const float (&c)[NT][4], int g, int t) {
+  const float s0 = __int_as_float((int)s_ew[g] << 23), s1 = __int_as_float((int)s_ew[g + 8] << 23);  // exact
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int m = 8 * j + 2 * t;
+    red[m * 128 + g] = acc[j][0] * s0 + c[j][0];
+    red[(m + 1) * 128 + g] = acc[j][1] * s0 + c[j][1];
+    red[m * 128 + g + 8] = acc[j][2] * s1 + c[j][2];
+    red[(m + 1) * 128 + g + 8] = acc[j][3] * s1 + c[j][3];
+  }
+}
+
 // The warp's escapes past WS_ECAP (rare: not staged by the prologue), from global memory in list order, onto red.
 template <bool VIEW>
 __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew, int e_lo, int e_hi,
@@ -1123,13 +1204,14 @@ __device__ __forceinline__ void ws_late_escapes(float* red, const uint8_t* s_ew,
 }
 
 template <int NT, bool VIEW>
-__global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
+__global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_ws_kernel(
     const __nv_bfloat16* __restrict__ x, const uint8_t* __restrict__ xq, int Mpad, int M, int ldx,
     const uint8_t* __restrict__ rec, const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff,
     const int32_t* __restrict__ tent, __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws,
     int* __restrict__ tickets, int wfirst, int head, int tsplit) {
   constexpr int MT = 8 * NT, STAGES = ws_stages<NT, VIEW>(), SLOT = ws_slot<NT>(), XB = MT * 128;
-  constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0;
+  constexpr bool CORR = ws_corr_bytes<NT, VIEW>() > 0, RC = ws_rcorr<NT, VIEW>(), SMN = ws_pwg<NT>();
+  constexpr int THREADS = ws_threads<NT>();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((1024 - (__cvta_generic_to_shared(smem_raw) & 1023)) & 1023);  // [STAGES][SLOT]
   float* corr = reinterpret_cast<float*>(ring + STAGES * SLOT);                              // [8][16][MT] (CORR)
@@ -1167,9 +1249,18 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int e_lo = 0, e_hi = 0;
   float* my_corr = CORR ? corr + (warp & 7) * 16 * MT : nullptr;  // [MT][16]: X row m, channel 16·warp + r at m·16 + r
-  if (warp == 8) {  // ---- producer
+  const int mcount = min(MT, M - m0);
+  if (warp >= 8) {  // ---- producer (warp 8; at nt = 16 warps 9–11 only give their registers away)
+    if constexpr (SMN) setmaxnreg_dec<ws_reg_producer<NT>()>();
+    if (warp == 8)
     ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);
+    bar_sync_all(THREADS);  // every slot consumed: the ring holds the CTA's sums from here on
+    if constexpr (SMN) setmaxnreg_inc<ws_reg_launch<NT>()>();  // once the consumers have given theirs back
   } else {  // ---- consumers
+    if constexpr (SMN) setmaxnreg_inc<ws_reg_consumer<NT>()>();
+    float cr[RC ? NT : 1][4];  // RC: the warp's escape corrections in the accumulators' layout (ws_escapes_r)
+#pragma unroll
+    for (int j = 0; j < (RC ? NT : 1); ++j) cr[j][0] = cr[j][1] = cr[j][2] = cr[j][3] = 0.f;
     const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
     const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
     const uint32_t nkeep = nib_keep(t);
@@ -1178,13 +1269,14 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
     uint2 ent[2];  // the first WS_ECAP entries, loaded now, stored to my_ent after the first record's MMA issue
     ws_escape_prologue<MT, VIEW>(my_toff, my_corr, toff, tent, nb * 8 + warp, KB, a, nrec, lane, e_lo, e_hi, ent);
     int i = 0;
-    // At nt = 16 (and the view's nt = 4), records two at a time: a pair's eight wgmma share one commit group, one wait
-    // and one round of `empty` arrivals (the chain's fixed latencies paid once per two records), in the same order as
-    // one at a time: the same sums and corrections, bit for bit.  Below nt = 16 the builds are capped at 96 registers
-    // (two CTAs of 9 warps put 5 warps on one SM sub-partition: 16384 / (5 · 32)); there W12's second fragment set
-    // spills (nt = 8: 80 bytes, M = 64 0.981 → 0.797; nt = 4: 4 bytes, M = 32 1.090 → 1.082), the view's does not
-    // (nt = 4: its M = 32 1.474 → 1.495; nt = 2, 8: no gain), 2026-12-04-ab-ws-pairs-nt4-h200-s34.md.
-    for (; (NT >= 16 || (VIEW && NT == 4)) && i + 1 < nrec; i += 2) {
+    // At nt = 16 and 4, records two at a time: a pair's eight wgmma in two commit groups, the first slot released after
+    // `wgmma.wait_group 1` (its record's wgmma done) while the second record's run, the second after the last wait — the
+    // chain's fixed latencies paid once per two records, in the same order as one at a time: the same sums and
+    // corrections, bit for bit.  W12's pairs need the producer warpgroup's registers (ws_pwg): at the 96-register cap of
+    // two 9-warp CTAs per SM its second fragment set spilled (nt = 8: 80 bytes, M = 64 0.981 → 0.797; nt = 4: 4 bytes,
+    // M = 32 1.090 → 1.082), the view's did not (nt = 4: its M = 32 1.474 → 1.495; nt = 2, 8: no gain),
+    // 2026-12-04-ab-ws-pairs-nt4-h200-s34.md.
+    for (; (NT >= 16 || NT == 4) && i + 1 < nrec; i += 2) {
       const int s0 = i % STAGES, s1 = (i + 1) % STAGES;
       const uint8_t *slot0 = ring + s0 * SLOT, *slot1 = ring + s1 * SLOT;
       uint32_t fa[4][4], fb[4][4];
@@ -1195,19 +1287,28 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       fence_acc(acc);
       wg_fence();
       ws_mma<NT>(acc, fa, saddr(slot0));
+      wg_commit();
       ws_mma<NT>(acc, fb, saddr(slot1));
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
+        if constexpr (RC)
+          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, cr, g, t);
+        else
+          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+      }
+      wg_wait1();  // the first record's wgmma are done with slot 0: free it while the second record's run
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + s0);
+      if (!VIEW) {
+        if constexpr (RC)
+          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, cr, g, t);
+        else
+          ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
-      if (lane == 0) {  // this warp is done with both slots (A bytes, X by wgmma and escapes)
-        mbar_arrive(empty + s0);
-        mbar_arrive(empty + s1);
-      }
+      if (lane == 0) mbar_arrive(empty + s1);  // this warp is done with both slots (A bytes, X by wgmma and escapes)
     }
     for (; i < nrec; ++i) {
       const int s = i % STAGES;
@@ -1221,27 +1322,32 @@ __global__ void __launch_bounds__(WS_THREADS, NT >= 16 ? 1 : 2) w12_gemm_ws_kern
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+        if constexpr (RC)
+          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, cr, g, t);
+        else
+          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
       }
       wg_wait0();
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s);  // this warp is done with the slot (A bytes, X by wgmma and escapes)
     }
     fence_acc(acc);  // the accumulators are read only after the last wait
-  }
-  __syncthreads();  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
-  const int mcount = min(MT, M - m0);
-  if (warp < 8) {  // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
+    bar_sync_all(THREADS);  // every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on
+    // ---- epilogue per consumer warp: y = acc · 2^(E_n − 127) + corr (+ entries past WS_ECAP)
     float* red = reinterpret_cast<float*>(ring) + 16 * warp;  // its channels 16·warp + r of X row m at m·128 + r
-    ws_store_acc<NT, CORR>(red, acc, s_e + 16 * warp, my_corr, g, t);
+    if constexpr (RC)
+      ws_store_acc_r<NT>(red, acc, s_e + 16 * warp, cr, g, t);
+    else
+      ws_store_acc<NT, CORR>(red, acc, s_e + 16 * warp, my_corr, g, t);
     __syncwarp();
     ws_late_escapes<VIEW>(red, s_e + 16 * warp, e_lo, e_hi, tent, x, ldx, m0, mcount, lane);
+    if constexpr (SMN) setmaxnreg_dec<ws_reg_launch<NT>()>();
   }
   if (S > 1 && cluster_size() == (uint32_t)S) {  // split K in a cluster pair (launch_ws: S = 2)
-    finish_tile_cluster<MT, WS_THREADS>(reinterpret_cast<float*>(ring), y, ldy, N, nb * 128, m0, mcount);
+    finish_tile_cluster<MT, THREADS>(reinterpret_cast<float*>(ring), y, ldy, N, nb * 128, m0, mcount);
     return;
   }
-  finish_tile<128, MT, WS_THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, tile, slot, S, z, &s_last, y, ldy,
+  finish_tile<128, MT, THREADS, true>(reinterpret_cast<float*>(ring), ws, tickets, tile, slot, S, z, &s_last, y, ldy,
                                          N, nb * 128, m0, mcount);
 }
 
@@ -1266,7 +1372,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   cudaLaunchConfig_t cfg = {};
   if (tsplit > 1 && (split != 1 || mtiles != 1 || head < 0 || head > NB)) return cudaErrorInvalidValue;
   cfg.gridDim = dim3(tsplit > 1 ? head + (NB - head) * tsplit : NB, mtiles, split);
-  cfg.blockDim = dim3(WS_THREADS);
+  cfg.blockDim = dim3(ws_threads<NT>());
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cudaLaunchAttribute attr[1];
