@@ -56,6 +56,8 @@ def timed_full(call: str, slot: str) -> tuple:
     return f"      {call};\n", timed(call, add), 1
 
 
+EXIT = ("  if (tid == 0) {\n    W12_STAMP(W12_CTA + 6);\n    unsigned smid;\n"
+        "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n    g_ws_trace[W12_CTA + 7] = smid;\n  }\n")
 PATCHES = [  # (anchor in the landed source, text put after it); each anchor must occur once
     ("#include <cuda_bf16.h>\n",
      f"__device__ unsigned long long g_ws_trace[8 + {WORDS} * {MAX_CTAS}];\n"
@@ -82,9 +84,9 @@ PATCHES = [  # (anchor in the landed source, text put after it); each anchor mus
     ("// every slot consumed: the ring holds the CTA's sums [MT][128] (X row-major) from here on\n",
      "  if (tid == 0) W12_STAMP(W12_CTA + 5);\n"
      "  if (tid < 7) g_ws_trace[W12_CTA + 8 + tid] = w12_sw[tid];\n"),
-    ("                                         N, nb * 128, m0, mcount);\n",
-     "  if (tid == 0) {\n    W12_STAMP(W12_CTA + 6);\n    unsigned smid;\n"
-     "    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n    g_ws_trace[W12_CTA + 7] = smid;\n  }\n"),
+    # the exit, after the store: a split-K pair in a cluster (launch_ws: split 2) returns from its own store
+    ("    finish_tile_cluster<MT, THREADS>(reinterpret_cast<float*>(ring), y, ldy, N, nb * 128, m0, mcount);\n", EXIT),
+    ("                                         N, nb * 128, m0, mcount);\n", EXIT),
 ]
 # (text in the landed source, its timed form, how often it occurs): the main loop's waits, counted into w12_sw
 WAITS = [
@@ -157,17 +159,23 @@ def waits(buf: list, ctas: int) -> list:
     return [statistics.median(p[i] for p in per) if per else float("nan") for i in range(len(WAIT_COLS))]
 
 
-def run(lib_dir: Path, runs: int, out: str):
+X_KINDS = {  # X's values; wgmma's power draw depends on them, and a board at its power cap slows its SM clock
+    "randn": lambda m, k: torch.randn(m, k, device="cuda").to(torch.bfloat16),
+    "zeros": lambda m, k: torch.zeros(m, k, device="cuda", dtype=torch.bfloat16),
+}
+
+
+def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
     from kernels import Mat, bench
 
     from w12.kernels import gemm_cuda as gc
     landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     lines, wlines = [], []
-    for n, k, m, (nt, split), *view in CASES:
+    for (n, k, m, (nt, split), *view), x_kind in ((c, xk) for c in CASES for xk in x_kinds):
         view = bool(view and view[0])
         cfg, mt = gc.WsConfig(nt, split), Mat(n, k, 900 + m)
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        x = X_KINDS[x_kind](m, k)
         ctas = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split
         assert ctas <= MAX_CTAS
         gc.library = lambda: landed
@@ -193,7 +201,7 @@ def run(lib_dir: Path, runs: int, out: str):
             wper.append(waits(list(buf), ctas))
         figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
         wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
-        kind = f"{cfg}{' (8-bit view)' if view else ''}"
+        kind = f"{cfg}{' (8-bit view)' if view else ''}{'' if x_kind == 'randn' else f', X {x_kind}'}"
         row = (f"| {n}×{k} | {m} | {kind} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
                + " | ".join(f"{v:.1f}" for v in figs) + " |")
         wrow = f"| {n}×{k} | {m} | {kind} | " + " | ".join(f"{v:.2f}" if i == 1 else f"{v:.0f}"
@@ -227,6 +235,8 @@ def main():
     ap.add_argument("--rev", default="HEAD", help="with --build: the kernel source to stamp (a revision, `worktree` or "
                     "file:PATH; default HEAD), built beside it unstamped as 'landed'")
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--x", default="randn", help="comma-separated X kinds, each case timed with each: "
+                    + ", ".join(X_KINDS) + " (default randn)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.build:
@@ -235,7 +245,7 @@ def main():
         for name, lib in build_libs({"landed": landed, "trace": stamped_source(landed)}, a.build).items():
             print(name, lib)
     elif a.libs:
-        run(a.libs, a.runs, a.out)
+        run(a.libs, a.runs, a.out, a.x.split(","))
     else:
         ap.error("give --build DIR or --libs DIR")
 
