@@ -12,7 +12,6 @@ flush) and the spin's GHz (median over SMs and replays). Same clock after cuBLAS
 at one clock; lower after X random than after zeros: the tensor cores' power sets it.
 """
 
-import argparse
 import ctypes
 import os
 import statistics
@@ -130,17 +129,8 @@ def run(lib_dir: Path, out: str):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", type=Path, help="write clock_probe.so here (needs nvcc, no GPU)")
-    ap.add_argument("--libs", type=Path, help="run with the library of this folder (needs the GPU)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    a = ap.parse_args()
-    if a.build:
-        print(build(a.build))
-    elif a.libs:
-        run(a.libs, a.out)
-    else:
-        ap.error("give --build DIR or --libs DIR")
+    from ab_kernel import build_or_run
+    build_or_run(__doc__, lambda d: print(build(d)), run)
 
 
 if __name__ == "__main__":
