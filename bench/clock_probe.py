@@ -93,6 +93,7 @@ def probe(lib, load, sms: int) -> tuple:
 
 def run(lib_dir: Path, out: str):
     from kernels import Mat
+    from ws_trace import X_KINDS
 
     from w12.kernels import gemm_cuda as gc
     lib = ctypes.CDLL(str(lib_dir / "clock_probe.so"))
@@ -105,8 +106,7 @@ def run(lib_dir: Path, out: str):
         mt = Mat(n, k, 7)
         for m in (1, 32, 128):
             for kind in ("randn", "zeros"):
-                x = torch.randn(m, k, device="cuda").to(torch.bfloat16) if kind == "randn" else \
-                    torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)
+                x = X_KINDS[kind](m, k)
                 loads = [("cuBLAS", lambda: torch.matmul(x, mt.w.t())), ("W12", lambda: mt.op(x)),
                          ("view", lambda: mt.op(x, view=True))]
                 for name, load in loads:

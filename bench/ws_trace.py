@@ -245,7 +245,10 @@ def main():
         for name, lib in build_libs({"landed": landed, "trace": stamped_source(landed)}, a.build).items():
             print(name, lib)
     elif a.libs:
-        run(a.libs, a.runs, a.out, a.x.split(","))
+        kinds = a.x.split(",")
+        if set(kinds) - set(X_KINDS):
+            ap.error(f"--x: unknown kind(s) {sorted(set(kinds) - set(X_KINDS))}; known: {', '.join(X_KINDS)}")
+        run(a.libs, a.runs, a.out, kinds)
     else:
         ap.error("give --build DIR or --libs DIR")
 
