@@ -44,11 +44,13 @@ BITS = [(1000, 4160, 48, "WsConfig(8, 3)"), (300, 1024, 128, "WsConfig(16, 1)"),
         (200, 64 * 7, 9, "WsConfig(2, 1)"), (300, 1088, 128, "WsConfig(16, 1)"), (1000, 4160, 100, "WsConfig(16, 3)")]
 
 # The one-record loop's text patches: each anchor occurs once in the kernel (ESCAPES: one or more lines, each an escape
-# call of the loop's record — ws_escapes, or a variant's register form beside it).
+# call of the loop's record — ws_escapes_to, or a variant's form beside it — never the helpers' own bodies: the loop's
+# calls pass the warp's exponents as `s_e + 16 * warp`).
 DECODE = "      ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);\n"
 MMA = "      fence_acc(acc);\n      wg_fence();\n      ws_mma<NT>(acc, fa, saddr(slot));\n      wg_commit();\n"
 WAIT0 = "      wg_wait0();\n      __syncwarp();\n      if (lane == 0) mbar_arrive(empty + s);"
-ESCAPES = re.compile(r"^( +)(ws_escapes\w*<\w+>\(my_toff, my_ent, e_lo, i, a, slot, .*;)\n", re.M)
+ESCAPES = re.compile(r"^( +)(ws_escapes\w*<[\w, ]+>\(my_toff, my_ent, e_lo, i, a, slot, s_e \+ 16 \* warp, .*;)\n",
+                     re.M)
 WAIT = "      mbar_wait(full + s, (i / STAGES) & 1);\n"  # the consumers' wait in the one-record loop
 PRODUCE = "    ws_produce<NT, VIEW, STAGES>(ring, full, empty, rec, xq, nb, KB, a, nrec, Mpad, m0, lane, wfirst != 0);\n"
 START = "    int i = 0;\n"

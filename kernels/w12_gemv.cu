@@ -776,10 +776,11 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
 // registers (the mma.m16n8k16 A layout per warp: warp w of the group holds channels 16w..16w+15), B = the X
 // tile of a ring slot in shared memory, K-major rows of 128 bytes with the 128-byte swizzle (chunk q of row m at
 // q ^ (m & 7); slot base 1024-byte aligned).  Descriptor: start >> 4 | LBO 16 >> 4 << 16 | SBO 1024 >> 4
-// << 32 (8 rows of 128 B per swizzle atom) | swizzle 128 B (1 << 62); k-step s starts 32·s bytes into the row.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return (uint64_t)((saddr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)64 << 32) | ((uint64_t)1 << 62);
-}
+// << 32 (8 rows of 128 B per swizzle atom) | swizzle 128 B (1 << 62), built in 32-bit halves; k-step s starts 32·s
+// bytes into the row: the low half + 2·s (the slot is 1024-byte aligned and below 2^18, so nothing carries out of the
+// start field), one add per descriptor (ws_mma).
+constexpr uint32_t WG_DESC_HI = 64u | (1u << 30);
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) { return ((saddr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -1072,11 +1073,10 @@ __device__ __forceinline__ void ws_decode(const uint8_t* slot, int v0, int v1, i
 // A record's four k-steps: acc += A (the warp's decoded fragments fa) · X (the slot's X tile at shared address xa).
 template <int NT>
 __device__ __forceinline__ void ws_mma(float (&acc)[NT][4], const uint32_t (&fa)[4][4], uint32_t xa) {
-  // wg_desc(xa + 32·k) = wg_desc(xa) + 2·k: xa is 1024-byte aligned and below 2^18, so the start field only adds
-  const uint32_t lo = ((xa & 0x3FFFF) >> 4) | (1u << 16), hi = 64u | (1u << 30);
+  const uint32_t lo = wg_desc_lo(xa);
 #pragma unroll
   for (int k = 0; k < 4; ++k)
-    wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], ((uint64_t)hi << 32) | (uint64_t)(lo + 2 * k));
+    wgmma_k16<NT>(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], ((uint64_t)WG_DESC_HI << 32) | (uint64_t)(lo + 2 * k));
 }
 
 // Record a + i's escapes of the warp's tile: corr[m][r] += x[m, col] · (w − w_code) in list order, X from the slot
@@ -1122,6 +1122,17 @@ __device__ __forceinline__ void ws_escapes_r(const int* my_toff, const uint2* my
           c[j][b] = fmaf(xv, d, c[j][b]);
       }
   }
+}
+
+// Record a + i's escapes into the warp's corrections: its registers cr (RC, ws_escapes_r) or its corr rows (ws_escapes).
+template <int NT, bool RC>
+__device__ __forceinline__ void ws_escapes_to(const int* my_toff, const uint2* my_ent, int e_lo, int i, int a,
+                                              const uint8_t* slot, const uint8_t* s_ew, float* my_corr,
+                                              float (&cr)[RC ? NT : 1][4], int g, int t, int lane) {
+  if constexpr (RC)
+    ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot, s_ew, cr, g, t);
+  else
+    ws_escapes<8 * NT>(my_toff, my_ent, e_lo, i, a, slot, s_ew, my_corr, lane);
 }
 
 // A consumer warp's escape prologue (the second round trip left in flight): the per-record
@@ -1292,19 +1303,13 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        if constexpr (RC)
-          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, cr, g, t);
-        else
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, lane);
+        ws_escapes_to<NT, RC>(my_toff, my_ent, e_lo, i, a, slot0, s_e + 16 * warp, my_corr, cr, g, t, lane);
       }
       wg_wait1();  // the first record's wgmma are done with slot 0: free it while the second record's run
       __syncwarp();
       if (lane == 0) mbar_arrive(empty + s0);
       if (!VIEW) {
-        if constexpr (RC)
-          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, cr, g, t);
-        else
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, lane);
+        ws_escapes_to<NT, RC>(my_toff, my_ent, e_lo, i + 1, a, slot1, s_e + 16 * warp, my_corr, cr, g, t, lane);
       }
       wg_wait0();
       __syncwarp();
@@ -1322,10 +1327,7 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
       wg_commit();
       if (!VIEW) {
         if (i == 0) ws_stage_entries(my_ent, ent, e_hi - e_lo, lane);
-        if constexpr (RC)
-          ws_escapes_r<NT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, cr, g, t);
-        else
-          ws_escapes<MT>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, lane);
+        ws_escapes_to<NT, RC>(my_toff, my_ent, e_lo, i, a, slot, s_e + 16 * warp, my_corr, cr, g, t, lane);
       }
       wg_wait0();
       __syncwarp();
