@@ -49,6 +49,16 @@ class WsConfig:
     #                CTAs each, launched last (w12_gemv.cu's tail split; tail_rows says which)
 
 
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 8): ctas_per_sm · SMs CTAs, each streaming an equal
+    contiguous range of the matrix's records through a ring of `stages` bulk-copy slots; a row split between CTAs is
+    added in a fixed order (the same bits every run)."""
+    ctas_per_sm: int = 2
+    stages: int = 6
+    evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)
+
 WS_NTS = (2, 4, 6, 8, 16)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
@@ -446,7 +456,7 @@ def usable(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: i
 
 
 def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=None, *, view=False,
-           config: CudaConfig | WsConfig | None = None, trace: torch.Tensor | None = None):
+           config: CudaConfig | WsConfig | StreamConfig | None = None, trace: torch.Tensor | None = None):
     """Y = X · Wᵀ (view=True: the 8-bit view, escapes ignored). x bf16 [M, K]; returns bf16 [M, n].
     trace (a diagnostic, bench/trace_kernel.py; skinny configs with nt = 1): int64 [CTAs, 8] that the kernel's
     TRACE build fills with each CTA's (globaltimer ns, clock64) at entry, main-loop end and exit, and its SM."""
@@ -463,7 +473,15 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         raise ValueError(f"trace: only the skinny kernel has a TRACE build, the config is {cfg}")
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
-    if isinstance(cfg, WsConfig):
+    if isinstance(cfg, StreamConfig):
+        if m > 8:
+            raise ValueError(f"the stream kernel takes M ≤ 8 rows, got M = {m} (config {cfg})")
+        ctas = cfg.ctas_per_sm * _sms(x.device)
+        ws = torch.empty(ctas * 2 * 8 * 128, dtype=torch.float32, device=x.device)  # partial rows' sums
+        err = library().w12_stream(
+            _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb, int(view),
+            ctas, cfg.stages, _p(ws), _p(_tickets(x.device, nb * 8)), stream, int(cfg.evict_first))
+    elif isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         # no partials in global memory for a cluster pair (it adds them in shared memory)
         partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split

@@ -1,0 +1,169 @@
+"""The stream kernel (w12_gemv.cu's w12_stream_kernel) against the dispatched M ≤ 8 kernels. One GPU call.
+
+    W12_CUDA=1 python bench/stream_kernel.py [--ms 1] [--out OUT]
+    W12_CUDA=1 python bench/stream_kernel.py --check        # the correctness part alone (the main run starts it first)
+
+At one row the skinny kernel streams the LM heads at ~4.1 TB/s, while a bare ring of bulk copies at two CTAs per SM
+streams the same bytes at ~4.3 (bench/tma_stream.py --shapes, 2026-12-04-tma-stream-shapes-h200-s32.md). The stream
+kernel is that ring with the decode and the MMAs: each CTA streams one contiguous range of records (rows split between
+CTAs are added in a fixed order). First, in a child process with a time limit (a wrong ring phase hangs, it does not
+fail): small matrices with many escapes (more than 32 per segment), more CTAs than records, N not a multiple of 128,
+M = 1, 3 and 8, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal
+over three runs. Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs
+(CTAs per SM, ring stages, L2 evict_first on the record copies), each checked against the reference and bit-equal
+over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
+best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md.
+"""
+
+import argparse
+import datetime
+import math
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernels import SHAPES, Mat, bench, decode_gpu, mat_of, rel  # noqa: E402
+from m1_configs import timed  # noqa: E402
+
+from w12.kernels import gemm_cuda as gc  # noqa: E402
+
+SC = gc.StreamConfig
+W12_CANDS = [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]
+VIEW_CANDS = [SC(2, s, ef) for s in (6, 8) for ef in (False, True)]
+
+
+def same_bits(a, b):
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def checked(mt, x, ref, cfg, view):
+    """The config's output, within 1e-2 of the reference and bit-equal over three runs."""
+    ys = [mt.run(x, view=view, cuda=cfg) for _ in range(3)]
+    err = rel(ys[0], ref)
+    assert err < 1e-2, f"{cfg} view={view} {mt.n}x{mt.k} M={x.shape[0]}: rel. error {err:.2e}"
+    assert all(same_bits(ys[0], y) for y in ys[1:]), f"{cfg} view={view} {mt.n}x{mt.k}: bits differ across runs"
+    return err
+
+
+def check():
+    torch.manual_seed(0)
+    cases = []
+    for n, k, every in ((300, 1024, 997), (1000, 4096, 97), (4096, 4096, 4099)):
+        w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        w.view(-1)[::every] = 100.0  # out-of-window weights: the small ones of those channels become escapes
+        mt, _ = mat_of(w)
+        cases.append(mt)
+    cfgs = [SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3)]
+    for mt in cases:
+        wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, mt.n, mt.k, view=True)
+        for m in (1, 3, 8):
+            x = torch.randn(m, mt.k, device="cuda").to(torch.bfloat16)
+            ref, refv = x.float() @ mt.w.float().t(), x.float() @ wv.float().t()
+            for cfg in cfgs:
+                e = checked(mt, x, ref, cfg, False)
+                ev = checked(mt, x, refv, cfg, True)
+            print(f"check {mt.n}x{mt.k} ({mt.nnz} escapes) M={m}: ok (last rel. error W12 {e:.1e}, view {ev:.1e})",
+                  flush=True)
+    print("CHECK OK")
+
+
+def name(c):
+    if isinstance(c, SC):
+        return f"stream {c.ctas_per_sm}/{c.stages}" + (" ef" if c.evict_first else "")
+    if isinstance(c, gc.WsConfig):
+        return f"ws {c.nt}/{c.split}"
+    return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split} l2 {c.l2}"
+
+
+def shape_row(si, n, k, m):
+    mt = Mat(n, k, 300 + si)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    ref = x.float() @ mt.w.float().t()
+    wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
+    refv = x.float() @ wv.float().t()
+    del wv
+    t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
+    row = dict(n=n, k=k, m=m, cb=t_cb)
+    for view, cands, r in ((False, W12_CANDS, ref), (True, VIEW_CANDS, refv)):
+        cur = gc.dispatched_config(m, n, k, view)
+        errs = {c: checked(mt, x, r, c, view) for c in [cur] + cands}
+        fn = lambda c: (lambda: mt.run(x, view=view, cuda=c))  # noqa: E731
+        first = {c: bench(fn(c), rep=20) for c in cands}
+        top = sorted(first, key=first.get)[:3]
+        fin = timed({c: fn(c) for c in [cur] + top}, 3)
+        best = min(top, key=fin.get)
+        key = "v" if view else "w"
+        row.update({f"{key}cur": cur, f"{key}t_cur": fin[cur], f"{key}best": best, f"{key}t_best": fin[best],
+                    f"{key}err": max(errs[c] for c in (cur, best)),
+                    f"{key}first": sorted(((c, t) for c, t in first.items()), key=lambda ct: ct[1])})
+    del mt
+    torch.cuda.empty_cache()
+    return row
+
+
+def geo(v):
+    return math.exp(sum(map(math.log, v)) / len(v))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--ms", default="1", help="rows of X, comma-separated, each ≤ 8 (default 1)")
+    ap.add_argument("--check", action="store_true", help="run the correctness part only")
+    a = ap.parse_args()
+    if a.check:
+        check()
+        return
+    try:
+        out = subprocess.run([sys.executable, __file__, "--check"], capture_output=True, text=True, timeout=240)
+        text, ok = out.stdout + out.stderr, out.returncode == 0 and "CHECK OK" in out.stdout
+    except subprocess.TimeoutExpired as e:
+        text, ok = f"timed out after 240 s (a hang):\n{e.stdout or ''}", False
+    print(text[-4000:], flush=True)
+    if not ok:
+        sys.exit("the stream kernel's check failed: nothing timed")
+    ms = [int(v) for v in a.ms.split(",")]
+    assert all(1 <= m <= 8 for m in ms), "--ms: rows of X from 1 to 8"
+    rows = []
+    for m in ms:
+        for si, (n, k) in enumerate(SHAPES):
+            r = shape_row(si, n, k, m)
+            rows.append(r)
+            print(f"M={m} {n}x{k}: cuBLAS {r['cb']:.1f}; W12 {name(r['wcur'])} {r['wt_cur']:.1f}, {name(r['wbest'])} "
+                  f"{r['wt_best']:.1f}; view {name(r['vcur'])} {r['vt_cur']:.1f}, {name(r['vbest'])} {r['vt_best']:.1f}",
+                  flush=True)
+    lines = [f"# The stream kernel against the dispatched M ≤ 8 kernels — {datetime.date.today()}", "",
+             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+             f"- command: `W12_CUDA=1 python bench/stream_kernel.py --ms {a.ms} --out $OUT`",
+             "- checks (child process): " + text.strip().splitlines()[-2] + "; every config below within 1e-2 of the "
+             "reference and bit-equal over three runs",
+             "- µs: CUDA graph replay, do_bench (zeroing flush), median of three interleaved rounds (the dispatched config "
+             "and the best three of one round); ratio = cuBLAS / kernel", ""]
+    for m in ms:
+        rs = [r for r in rows if r["m"] == m]
+        lines += [f"## M = {m}", "",
+                  f"W12 geomean: dispatched {geo([r['cb'] / r['wt_cur'] for r in rs]):.3f}, stream "
+                  f"{geo([r['cb'] / r['wt_best'] for r in rs]):.3f}, faster of the two per shape "
+                  f"{geo([r['cb'] / min(r['wt_cur'], r['wt_best']) for r in rs]):.3f}; view: dispatched "
+                  f"{geo([r['cb'] / r['vt_cur'] for r in rs]):.3f}, stream {geo([r['cb'] / r['vt_best'] for r in rs]):.3f}",
+                  "", "| N×K | cuBLAS µs | W12 dispatched | µs | stream | µs | ratio dispatched → stream | max rel. err | "
+                  "view dispatched µs | view stream | µs | view ratio | W12 stream configs, one round (µs) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rs:
+            lines.append(
+                f"| {r['n']}×{r['k']} | {r['cb']:.1f} | {name(r['wcur'])} | {r['wt_cur']:.1f} | {name(r['wbest'])} | "
+                f"{r['wt_best']:.1f} | {r['cb'] / r['wt_cur']:.3f} → {r['cb'] / r['wt_best']:.3f} | {r['werr']:.1e} | "
+                f"{r['vt_cur']:.1f} | {name(r['vbest'])} | {r['vt_best']:.1f} | {r['cb'] / r['vt_cur']:.3f} → "
+                f"{r['cb'] / r['vt_best']:.3f} | " + ", ".join(f"{name(c)[7:]} {t:.1f}" for c, t in r["wfirst"]) + " |")
+        lines.append("")
+    text = "\n".join(lines)
+    with open(os.path.join(a.out, "stream_kernel.md"), "w") as fh:
+        fh.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
