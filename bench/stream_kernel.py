@@ -1,14 +1,15 @@
-"""The stream kernel (w12_gemv.cu's w12_stream_kernel) against the dispatched M ≤ 8 kernels. One GPU call.
+"""The stream kernel (w12_gemv.cu's w12_stream_kernel) against the dispatched kernels at M ≤ 32. One GPU call.
 
-    W12_CUDA=1 python bench/stream_kernel.py [--ms 1] [--out OUT]
+    W12_CUDA=1 python bench/stream_kernel.py [--ms 1,32] [--out OUT]
     W12_CUDA=1 python bench/stream_kernel.py --check        # the correctness part alone (the main run starts it first)
 
 At one row the skinny kernel streams the LM heads at ~4.1 TB/s, while a bare ring of bulk copies at two CTAs per SM
 streams the same bytes at ~4.3 (bench/tma_stream.py --shapes, 2026-12-04-tma-stream-shapes-h200-s32.md). The stream
-kernel is that ring with the decode and the MMAs: each CTA streams one contiguous range of records (rows split between
-CTAs are added in a fixed order). First, in a child process with a time limit (a wrong ring phase hangs, it does not
+kernel is that ring with the decode and the MMAs: each CTA streams one contiguous range of records and their X tiles
+(rows split between CTAs are added in a fixed order); at 32 rows it also does without the ws kernel's X reorder
+kernel, escape prologue and split-K epilogue. First, in a child process with a time limit (a wrong ring phase hangs, it does not
 fail): small matrices with many escapes (more than 32 per segment), more CTAs than records, N not a multiple of 128,
-M = 1, 3 and 8, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal
+M = 1, 3, 8, 13 and 32, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal
 over three runs. Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs
 (CTAs per SM, ring stages, L2 evict_first on the record copies), each checked against the reference and bit-equal
 over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
@@ -31,8 +32,15 @@ from m1_configs import timed  # noqa: E402
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 SC = gc.StreamConfig
-W12_CANDS = [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]
-VIEW_CANDS = [SC(2, s, ef) for s in (6, 8) for ef in (False, True)]
+
+
+def cands(m, view):
+    """The stream configs timed at M = m: two CTAs per SM up to 16 rows (one fits above: its registers)."""
+    if m > 16:
+        return [SC(1, s, ef) for s in ((8, 12) if view else (6, 8, 10, 12)) for ef in (False, True)]
+    if view:
+        return [SC(2, s, ef) for s in (6, 8) for ef in (False, True)]
+    return [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]
 
 
 def same_bits(a, b):
@@ -56,10 +64,10 @@ def check():
         w.view(-1)[::every] = 100.0  # out-of-window weights: the small ones of those channels become escapes
         mt, _ = mat_of(w)
         cases.append(mt)
-    cfgs = [SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3)]
+    cfgs = [SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3), SC(1, 12)]
     for mt in cases:
         wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, mt.n, mt.k, view=True)
-        for m in (1, 3, 8):
+        for m in (1, 3, 8, 13, 32):
             x = torch.randn(m, mt.k, device="cuda").to(torch.bfloat16)
             ref, refv = x.float() @ mt.w.float().t(), x.float() @ wv.float().t()
             for cfg in cfgs:
@@ -78,30 +86,34 @@ def name(c):
     return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split} l2 {c.l2}"
 
 
-def shape_row(si, n, k, m):
+def shape_rows(si, n, k, ms):
+    """One row per m of ms: cuBLAS, and for W12 and the view the dispatched config and the best stream config."""
     mt = Mat(n, k, 300 + si)
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    ref = x.float() @ mt.w.float().t()
     wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
-    refv = x.float() @ wv.float().t()
-    del wv
-    t_cb = bench(lambda: torch.matmul(x, mt.w.t()))
-    row = dict(n=n, k=k, m=m, cb=t_cb)
-    for view, cands, r in ((False, W12_CANDS, ref), (True, VIEW_CANDS, refv)):
-        cur = gc.dispatched_config(m, n, k, view)
-        errs = {c: checked(mt, x, r, c, view) for c in [cur] + cands}
-        fn = lambda c: (lambda: mt.run(x, view=view, cuda=c))  # noqa: E731
-        first = {c: bench(fn(c), rep=20) for c in cands}
-        top = sorted(first, key=first.get)[:3]
-        fin = timed({c: fn(c) for c in [cur] + top}, 3)
-        best = min(top, key=fin.get)
-        key = "v" if view else "w"
-        row.update({f"{key}cur": cur, f"{key}t_cur": fin[cur], f"{key}best": best, f"{key}t_best": fin[best],
-                    f"{key}err": max(errs[c] for c in (cur, best)),
-                    f"{key}first": sorted(((c, t) for c, t in first.items()), key=lambda ct: ct[1])})
-    del mt
+    rows = []
+    for m in ms:
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ref, refv = x.float() @ mt.w.float().t(), x.float() @ wv.float().t()
+        row = dict(n=n, k=k, m=m, cb=bench(lambda: torch.matmul(x, mt.w.t())))
+        for view, r in ((False, ref), (True, refv)):
+            cur, cs = gc.dispatched_config(m, n, k, view), cands(m, view)
+            errs = {c: checked(mt, x, r, c, view) for c in [cur] + cs}
+            fn = lambda c: (lambda: mt.run(x, view=view, cuda=c))  # noqa: E731
+            first = {c: bench(fn(c), rep=20) for c in cs}
+            top = sorted(first, key=first.get)[:3]
+            fin = timed({c: fn(c) for c in [cur] + top}, 3)
+            best = min(top, key=fin.get)
+            key = "v" if view else "w"
+            row.update({f"{key}cur": cur, f"{key}t_cur": fin[cur], f"{key}best": best, f"{key}t_best": fin[best],
+                        f"{key}err": max(errs[c] for c in (cur, best)),
+                        f"{key}first": sorted(first.items(), key=lambda ct: ct[1])})
+        rows.append(row)
+        print(f"M={m} {n}x{k}: cuBLAS {row['cb']:.1f}; W12 {name(row['wcur'])} {row['wt_cur']:.1f}, "
+              f"{name(row['wbest'])} {row['wt_best']:.1f}; view {name(row['vcur'])} {row['vt_cur']:.1f}, "
+              f"{name(row['vbest'])} {row['vt_best']:.1f}", flush=True)
+    del mt, wv
     torch.cuda.empty_cache()
-    return row
+    return rows
 
 
 def geo(v):
@@ -111,7 +123,7 @@ def geo(v):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--ms", default="1", help="rows of X, comma-separated, each ≤ 8 (default 1)")
+    ap.add_argument("--ms", default="1", help="rows of X, comma-separated, each ≤ 32 (default 1)")
     ap.add_argument("--check", action="store_true", help="run the correctness part only")
     a = ap.parse_args()
     if a.check:
@@ -126,16 +138,9 @@ def main():
     if not ok:
         sys.exit("the stream kernel's check failed: nothing timed")
     ms = [int(v) for v in a.ms.split(",")]
-    assert all(1 <= m <= 8 for m in ms), "--ms: rows of X from 1 to 8"
-    rows = []
-    for m in ms:
-        for si, (n, k) in enumerate(SHAPES):
-            r = shape_row(si, n, k, m)
-            rows.append(r)
-            print(f"M={m} {n}x{k}: cuBLAS {r['cb']:.1f}; W12 {name(r['wcur'])} {r['wt_cur']:.1f}, {name(r['wbest'])} "
-                  f"{r['wt_best']:.1f}; view {name(r['vcur'])} {r['vt_cur']:.1f}, {name(r['vbest'])} {r['vt_best']:.1f}",
-                  flush=True)
-    lines = [f"# The stream kernel against the dispatched M ≤ 8 kernels — {datetime.date.today()}", "",
+    assert all(1 <= m <= 32 for m in ms), "--ms: rows of X from 1 to 32"
+    rows = [r for si, (n, k) in enumerate(SHAPES) for r in shape_rows(si, n, k, ms)]
+    lines = [f"# The stream kernel against the dispatched kernels — {datetime.date.today()}", "",
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
              f"- command: `W12_CUDA=1 python bench/stream_kernel.py --ms {a.ms} --out $OUT`",
              "- checks (child process): " + text.strip().splitlines()[-2] + "; every config below within 1e-2 of the "

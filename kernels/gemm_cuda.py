@@ -52,9 +52,9 @@ class WsConfig:
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 8): ctas_per_sm · SMs CTAs, each streaming an equal
-    contiguous range of the matrix's records through a ring of `stages` bulk-copy slots; a row split between CTAs is
-    added in a fixed order (the same bits every run)."""
+    """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 32): ctas_per_sm · SMs CTAs, each streaming an equal
+    contiguous range of the matrix's records and their X tiles through a ring of `stages` slots; a row split between
+    CTAs is added in a fixed order (the same bits every run).  Above 16 rows one CTA fits per SM (its registers)."""
     ctas_per_sm: int = 2
     stages: int = 6
     evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)
@@ -474,10 +474,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     stream = _vp(torch.cuda.current_stream(x.device).cuda_stream)
     if isinstance(cfg, StreamConfig):
-        if m > 8:
-            raise ValueError(f"the stream kernel takes M ≤ 8 rows, got M = {m} (config {cfg})")
+        if m > 32:
+            raise ValueError(f"the stream kernel takes M ≤ 32 rows, got M = {m} (config {cfg})")
         ctas = cfg.ctas_per_sm * _sms(x.device)
-        ws = torch.empty(ctas * 2 * 8 * 128, dtype=torch.float32, device=x.device)  # partial rows' sums
+        ws = torch.empty(ctas * 2 * 8 * 128 * _nt_for(m), dtype=torch.float32, device=x.device)  # partial rows' sums
         err = library().w12_stream(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb, int(view),
             ctas, cfg.stages, _p(ws), _p(_tickets(x.device, nb * 8)), stream, int(cfg.evict_first))

@@ -1354,178 +1354,232 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
 }
 
 // =================================================================================================
-// W12 GEMV for M ≤ 8 as one stream per CTA (the "stream" kernel)
+// W12 GEMM for M ≤ 32 as one stream per CTA (the "stream" kernel)
 // =================================================================================================
 // The matrix's T = NB·KB records lie in memory row after row (record i = row nb · KB + kb).  CTA p of P takes the
-// records [g0, g1) = [⌊p·T/P⌋, ⌊(p+1)·T/P⌋): one contiguous byte range, which warp 8's lane 0 streams record by record
-// into a ring of `stages` slots with bulk copies (12 KB; the view its 8 KB of view bytes), as ws_produce does but
-// without X tiles.  Consumer warp w (0–7) takes the channels 16w..16w+15 of every record: the skinny kernel's lane
-// layout, decode4 and mma.sync m16n8k16 (X rows g < M read from global memory, one record ahead), and releases the slot
-// as soon as the record's fragments are decoded.  A row's records in one CTA are a segment; at a segment's end each
-// warp, on its own (no CTA barrier): out = acc · 2^(E_n − 127), then + x[m, col] · (w − w_code) for the segment's
-// escapes in list order (their offsets, entries and X words fetched in three dependent steps while the segment's
-// records stream: StreamEsc).  A whole row is stored; a part of one is published as partial j of the row's segments
-// (CTAs p_lo .. p_hi hold it) and the warp that takes the tile's ticket last adds them in the order j = 0, 1, … and
-// stores: the same bits whatever the arrival order (the skinny kernel's split-K sums: each segment its own escapes).
+// records [g0, g1) = [⌊p·T/P⌋, ⌊(p+1)·T/P⌋): one contiguous byte range, streamed record by record into a ring of
+// `stages` slots by warp 8 (the producer): lane 0 copies the record (12 KB; the view its 8 KB of view bytes) with one
+// bulk copy, as ws_produce does, and the 32 lanes copy its X tile — X[0 .. MT), columns 64·kb .. +63, rows ≥ M zero —
+// with 16-byte cp.async in X's own column order, chunk q of row m at q ^ (m & 7) (stream_x_off), all counted on the
+// slot's `full` mbarrier (no reorder kernel: the X tile is read from X as it lies).  Consumer warp w (0–7) takes the
+// channels 16w..16w+15 of every record: the skinny kernel's lane layout, decode4 and mma.sync m16n8k16 (X row 8j + g,
+// columns 16t .. 16t + 15: chunks 2t, 2t + 1 of the row, conflict-free through the swizzle), and releases the slot as
+// soon as its record words and X words are in registers.  A row's records in one CTA are a segment; at a segment's end
+// each warp, on its own (no CTA barrier): out = acc · 2^(E_n − 127), then + x[m, col] · (w − w_code) for the segment's
+// escapes in list order (offsets, entries and X words fetched in three dependent steps while the segment's records
+// stream: StreamEsc).  A whole row is stored; a part of one is published as partial j of the row's segments (CTAs p_lo
+// .. p_hi hold it) and the warp that takes the tile's ticket last adds them in the order j = 0, 1, … and stores: the
+// same bits whatever the arrival order (the skinny kernel's split-K sums: each segment its own escapes).
 // Why: at one row the skinny kernel streams the LM heads at ~4.1 TB/s, while a bare ring of bulk copies at two CTAs per
-// SM streams the same bytes at ~4.3 (bench/tma_stream.py, 2026-12-04-tma-stream-shapes-h200-s32.md); and one
-// contiguous range per CTA leaves no part-empty last wave.
+// SM streams the same bytes at ~4.3 (bench/tma_stream.py, 2026-12-04-tma-stream-shapes-h200-s32.md); at 32 rows the ws
+// kernel pays an X reorder kernel, a per-CTA escape prologue and a split-K epilogue around a short loop
+// (bench/ws_trace.py, 2026-12-05-ws-trace-h200-s39-call1.md); and one contiguous range per CTA leaves no part-empty
+// last wave.  Prepared in session 40 without a GPU: bench/stream_kernel.py checks and times it.
 __device__ __forceinline__ long stream_first(int p, int P, long T) { return (long)p * T / P; }  // CTA p's first record
 __device__ __forceinline__ int stream_owner(long i, int P, long T) {  // the CTA whose range holds record i
   return (int)(((i + 1) * P - 1) / T);
 }
+// Byte offset of X row m's 16-byte chunk q (columns 8q .. 8q + 7 of the record) in a slot's X tile.
+__device__ __forceinline__ int stream_x_off(int m, int q) { return m * 128 + ((q ^ (m & 7)) << 4); }
 
-// One warp's escapes of a segment (tile c = nb·8 + warp, records [ka, kend) of row nb), fetched in three steps whose
-// loads depend on each other: the offsets (start), lane l's entry e_lo + l (entry), its column's X words (xwords).
+// cp.async of 16 bytes, zero-filled when !ok (src is then not read)
+__device__ __forceinline__ void cp_async16_z(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+// one arrival on bar once all of this thread's cp.async so far have landed (counted in the barrier's arrivals)
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(saddr(bar)) : "memory");
+}
+
+constexpr int STREAM_ECH = 16;  // escape entries per chunk (lanes 0–15 each stage one)
+
+// One warp's escapes of a segment (tile c = nb·8 + warp, records [ka, kend) of row nb), staged in its shared memory
+// by cp.async (no registers held) in three steps whose loads depend on each other: the offsets (start, registers),
+// the entries of a chunk (entries), their columns' X words for rows m < M (xwords).
+template <int MT>
 struct StreamEsc {
   int e_lo, e_hi;  // the segment's entries: tent[e_lo .. e_hi)
-  uint2 en;        // lane l: entry e_lo + l (l < 32)
-  float xv[8];     // lane l: x[m, col] of that entry, m < M
+  uint2* ent;      // [STREAM_ECH] the chunk's entries
+  uint32_t* xw;    // [STREAM_ECH][MT] the X word (two columns) holding x[m, col] of each
 
   __device__ __forceinline__ void start(const int32_t* toff, int c, int KB, int ka, int kend) {
     e_lo = __ldg(toff + (long)c * KB + ka);
     e_hi = __ldg(toff + (long)c * KB + kend);
   }
-  __device__ __forceinline__ void entry(const int32_t* tent, int base, int lane) {  // entry base + lane, if any
-    en = make_uint2(0u, 0u);
-    if (base + lane < e_hi) en = *reinterpret_cast<const uint2*>(tent + 2 * (long)(base + lane));
+  __device__ __forceinline__ void entries(const int32_t* tent, int base, int lane) {
+    if (lane < STREAM_ECH && base + lane < e_hi) cp_async8(ent + lane, tent + 2 * (long)(base + lane));
   }
   __device__ __forceinline__ void xwords(const __nv_bfloat16* x, int ldx, int M, int base, int lane) {
-    const int col = (int)(en.x & 0xFFFFFFu);
-    const bool ok = base + lane < e_hi;
-#pragma unroll
-    for (int m = 0; m < 8; ++m) xv[m] = ok && m < M ? __bfloat162float(x[(size_t)m * ldx + col]) : 0.f;
+    cp_async_wait_all();
+    __syncwarp();  // the chunk's entries are in
+    const int n = min(STREAM_ECH, e_hi - base);
+    for (int i = lane; i < n * M; i += 32) {  // (entry e, row m): consecutive lanes, consecutive entries
+      const int e = i % n, m = i / n;
+      cp_async4(xw + e * MT + m, x + (size_t)m * ldx + (ent[e].x & 0xFFFFFEu));
+    }
   }
 };
 
-// The escapes of one chunk of ≤ 32 entries (lane l holds entry base + l in e.en / e.xv) onto the warp's outputs
-// (out: the m16n8 D layout, channels g, g + 8 of its 16 and X rows 2t, 2t + 1): each output adds its channel's entries
-// in list order.  Eg, Eg8: the exponents of channels g, g + 8; s_esc: the warp's [32][9] floats (w − w_code, x[0..7]).
-__device__ __forceinline__ void stream_escape_chunk(float (&out)[4], const StreamEsc& e, int base, int Eg, int Eg8,
-                                                    float* s_esc, int M, int g, int t, int lane) {
-  const bool ok = base + lane < e.e_hi;
-  const int er = ok ? (int)(e.en.x >> 24) : -1;
+// The escapes of one chunk of ≤ STREAM_ECH entries (ent, xw complete) onto the warp's outputs (out: the m16n8 D
+// layout per n-tile j, channels g, g + 8 of its 16 and X rows 8j + 2t, +1): each output adds its channel's entries in
+// list order.  Eg, Eg8: the exponents of channels g, g + 8; s_d: the warp's [STREAM_ECH] w − w_code.
+template <int NT>
+__device__ __forceinline__ void stream_escape_chunk(float (&out)[NT][4], const StreamEsc<8 * NT>& e, int base, int Eg,
+                                                    int Eg8, float* s_d, int M, int g, int t, int lane) {
+  constexpr int MT = 8 * NT;
+  const int n = min(STREAM_ECH, e.e_hi - base);
+  const int er = lane < n ? (int)(e.ent[lane].x >> 24) : -1;
   const int ea = __shfl_sync(0xffffffffu, Eg, (er & 7) * 4), eb = __shfl_sync(0xffffffffu, Eg8, (er & 7) * 4);
-  if (ok) {
-    s_esc[lane * 9] = esc_delta(e.en.y, er >= 8 ? eb : ea);
-#pragma unroll
-    for (int m = 0; m < 8; ++m) s_esc[lane * 9 + 1 + m] = e.xv[m];
-  }
-  uint32_t mine[2] = {0u, 0u};  // bit j: entry base + j belongs to channel g (mine[0]) or g + 8 (mine[1])
+  if (lane < n) s_d[lane] = esc_delta(e.ent[lane].y, er >= 8 ? eb : ea);
+  uint32_t mine[2] = {0u, 0u};  // bit e: entry base + e belongs to channel g (mine[0]) or g + 8 (mine[1])
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     const uint32_t bm = __ballot_sync(0xffffffffu, er == r);
     if (r == g) mine[0] = bm;
     if (r == g + 8) mine[1] = bm;
   }
-  __syncwarp();  // s_esc complete
+  __syncwarp();  // s_d complete (and every lane's X word copies waited for by xwords' caller)
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int j = 0; j < NT; ++j)
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int m = 2 * t + b;
-      if (m < M)
-        for (uint32_t bm = mine[h]; bm; bm &= bm - 1) {
-          const int j = __ffs(bm) - 1;
-          out[2 * h + b] = fmaf(s_esc[j * 9 + 1 + m], s_esc[j * 9], out[2 * h + b]);
-        }
-    }
-  __syncwarp();  // read before the next chunk overwrites s_esc
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int m = 8 * j + 2 * t + b;
+        if (m < M)
+          for (uint32_t bm = mine[h]; bm; bm &= bm - 1) {
+            const int q = __ffs(bm) - 1;
+            const uint32_t w = e.xw[q * MT + m] >> (16 * (e.ent[q].x & 1u));
+            out[j][2 * h + b] = fmaf(__bfloat162float(__ushort_as_bfloat16((uint16_t)w)), s_d[q], out[j][2 * h + b]);
+          }
+      }
+  __syncwarp();  // read before the next chunk overwrites the staging
 }
 
-// A warp's outputs (the D layout above) of row nb into y.
-__device__ __forceinline__ void stream_store(const float (&out)[4], __nv_bfloat16* y, int ldy, int N, int M, int n0,
+// A warp's outputs (the D layout above) of row nb, channels n0 + …, into y.
+template <int NT>
+__device__ __forceinline__ void stream_store(const float (&out)[NT][4], __nv_bfloat16* y, int ldy, int N, int M, int n0,
                                              int g, int t) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int n = n0 + g + 8 * (k >> 1), m = 2 * t + (k & 1);
-    if (m < M && n < N) y[(size_t)m * ldy + n] = __float2bfloat16_rn(out[k]);
-  }
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int n = n0 + g + 8 * (k >> 1), m = 8 * j + 2 * t + (k & 1);
+      if (m < M && n < N) y[(size_t)m * ldy + n] = __float2bfloat16_rn(out[j][k]);
+    }
 }
 
-template <bool VIEW>
-__global__ void __launch_bounds__(288, 2) w12_stream_kernel(
+template <int NT, bool VIEW>
+__host__ __device__ constexpr int stream_slot() {  // X tile, then the record's bytes
+  return 8 * NT * 128 + (VIEW ? VIEW_BYTES : REC);
+}
+template <int NT, bool VIEW>
+__host__ __device__ constexpr int stream_esc_bytes() {  // per warp: entries, their X words, w − w_code
+  return VIEW ? 0 : STREAM_ECH * (8 + 4 * 8 * NT + 4);
+}
+
+// Launch bounds: two CTAs per SM up to nt = 2 (two 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers;
+// nt = 1 / 2 use 72 / 86), one at nt = 4 (118 registers; at the 96 cap it spilled 40 bytes).
+template <int NT, bool VIEW>
+__global__ void __launch_bounds__(288, NT >= 4 ? 1 : 2) w12_stream_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, long T, float* __restrict__ ws, int* __restrict__ tickets,
     int stages, int wfirst) {
+  constexpr int MT = 8 * NT, XB = MT * 128, SLOT = stream_slot<NT, VIEW>();
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* ring = smem_raw + ((128 - (__cvta_generic_to_shared(smem_raw) & 127)) & 127);  // [stages][WBYTES]
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)stages * WBYTES);          // [stages]
-  uint64_t* empty = full + stages;                                                          // [stages]
-  float* s_esc = reinterpret_cast<float*>(empty + stages);                                  // (W12) [8][32][9]
+  uint8_t* ring = smem_raw + ((128 - (__cvta_generic_to_shared(smem_raw) & 127)) & 127);  // [stages][SLOT]
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)stages * SLOT);             // [stages]
+  uint64_t* empty = full + stages;                                                           // [stages]
+  uint8_t* s_esc = reinterpret_cast<uint8_t*>(empty + stages);                               // (W12) [8][esc bytes]
   const int P = gridDim.x, p = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long g0 = stream_first(p, P, T), g1 = stream_first(p + 1, P, T);
   const int n = (int)(g1 - g0);
   if (n == 0) return;
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(full + s, 1);
+      mbar_init(full + s, 33);  // the producer's lane 0 (expect_tx, the record's bulk copy) + its 32 lanes' X copies
       mbar_init(empty + s, 8);
     }
     mbar_init_fence();
   }
   __syncthreads();
-  if (warp == 8) {  // ---- producer: the CTA's records, in memory order, into the ring
-    if (lane == 0) {
-      uint64_t first;
-      asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-      const uint8_t* src = rec + (size_t)g0 * REC;
-      int s = 0;
-      uint32_t ph = 0;  // the parity of the empty phase that slot s's next refill waits for (none in the first pass)
-      for (int i = 0; i < n; ++i) {
-        if (i >= stages) mbar_wait(empty + s, ph);
+  if (warp == 8) {  // ---- producer: the CTA's records, in memory order, and their X tiles into the ring
+    uint64_t first;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    const uint8_t* src = rec + (size_t)g0 * REC;
+    int s = 0, kb = (int)(g0 % KB);
+    uint32_t ph = 0;  // the parity of the empty phase that slot s's next refill waits for (none in the first pass)
+    for (int i = 0; i < n; ++i) {
+      if (i >= stages) mbar_wait(empty + s, ph);
+      uint8_t* slot = ring + (size_t)s * SLOT;
+      if (lane == 0) {
         mbar_expect(full + s, WBYTES);
         if (wfirst)
-          bulk_g2s(ring + (size_t)s * WBYTES, src + (size_t)i * REC, WBYTES, full + s, first);
+          bulk_g2s(slot + XB, src + (size_t)i * REC, WBYTES, full + s, first);
         else
-          bulk_g2s(ring + (size_t)s * WBYTES, src + (size_t)i * REC, WBYTES, full + s);
-        if (++s == stages) {
-          s = 0;
-          if (i >= stages) ph ^= 1u;
-        }
+          bulk_g2s(slot + XB, src + (size_t)i * REC, WBYTES, full + s);
       }
+#pragma unroll
+      for (int c = lane; c < MT * 8; c += 32) {  // chunk q of X row m (rows ≥ M zero)
+        const int m = c >> 3, q = c & 7;
+        cp_async16_z(saddr(slot + stream_x_off(m, q)), x + (size_t)(m < M ? m : 0) * ldx + kb * 64 + 8 * q, m < M);
+      }
+      cp_async_arrive(full + s);
+      if (++s == stages) {
+        s = 0;
+        if (i >= stages) ph ^= 1u;
+      }
+      if (++kb == KB) kb = 0;
     }
+    cp_async_wait_all();  // no copy outlives its thread
     return;
   }
   // ---- consumers
   const int g = lane >> 2, t = lane & 3;
-  const int v0 = (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
+  const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
   const uint32_t nkeep = nib_keep(t);
-  const bool xok = g < M;
-  const __nv_bfloat16* xr = x + (size_t)(xok ? g : 0) * ldx + 16 * t;
-  float* my_esc = s_esc + warp * 32 * 9;
+  StreamEsc<MT> esc;
+  esc.ent = reinterpret_cast<uint2*>(s_esc + warp * stream_esc_bytes<NT, VIEW>());
+  esc.xw = reinterpret_cast<uint32_t*>(esc.ent + STREAM_ECH);
+  float* s_d = reinterpret_cast<float*>(esc.xw + STREAM_ECH * MT);
   int nb = (int)(g0 / KB), kb = (int)(g0 % KB), ka = kb;
   auto seg_end = [&](int row) { return (int)min((long)KB, g1 - (long)row * KB); };  // kend of row's segment
   int Eg = __ldg(expo + nb * 128 + 16 * warp + g), Eg8 = __ldg(expo + nb * 128 + 16 * warp + g + 8);
-  StreamEsc esc;
   if (!VIEW) esc.start(toff, nb * 8 + warp, KB, ka, seg_end(nb));
-  int step = 0;  // escape steps done for the segment: 1 = entries, 2 = their X words
-  uint4 ya, yb;  // the next record's X words (row g, columns 16t .. 16t + 15)
-  load_x16(ya, yb, xr, xok, kb);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int step = 0;  // escape steps done for the segment's first chunk: 1 = entries, 2 = their X words
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   int s = 0;
   uint32_t ph = 0;
   for (int i = 0; i < n; ++i) {
     mbar_wait(full + s, ph);
+    const uint8_t* slot = ring + (size_t)s * SLOT;
     uint32_t fa[4][4];
-    ws_decode<VIEW>(ring + (size_t)s * WBYTES, v0, v1, n0, n1, nkeep, fa);
-    __syncwarp();  // every lane's words are in its registers (decoded): the slot is free
+    ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+    uint4 xa[NT], xb[NT];  // X row 8j + g, columns 16t .. 16t + 7 and 16t + 8 .. 16t + 15
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      xa[j] = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t));
+      xb[j] = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t + 1));
+    }
+    __syncwarp();  // every lane's words are read: the slot is free
     if (lane == 0) mbar_arrive(empty + s);
     if (++s == stages) s = 0, ph ^= 1u;
-    const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
-    const uint4 xa = ya, xb = yb;
-    if (i + 1 < n) load_x16(ya, yb, xr, xok, last ? 0 : kb + 1);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint4& q = k < 2 ? xa : xb;
-      mma16816(acc, fa[k][0], fa[k][1], fa[k][2], fa[k][3], word(q, 2 * (k & 1)), word(q, 2 * (k & 1) + 1));
-    }
-    const int j = kb - ka;  // records of the segment before this one
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4& q = k < 2 ? xa[j] : xb[j];
+        mma16816(acc[j], fa[k][0], fa[k][1], fa[k][2], fa[k][3], word(q, 2 * (k & 1)), word(q, 2 * (k & 1) + 1));
+      }
+    const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
+    const int j = kb - ka;                        // records of the segment before this one
     if (!VIEW && !last) {
-      if (j == 1 && step == 0) esc.entry(tent, esc.e_lo, lane), step = 1;
+      if (j == 1 && step == 0) esc.entries(tent, esc.e_lo, lane), step = 1;
       if (j == 3 && step == 1) esc.xwords(x, ldx, M, esc.e_lo, lane), step = 2;
     }
     if (!last) {
@@ -1533,32 +1587,33 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
       continue;
     }
     // ---- the segment of row nb ends here: records [ka, kb] of it
-    float out[4];
+    float out[NT][4];
     const float s0 = __int_as_float(Eg << 23), s1 = __int_as_float(Eg8 << 23);  // 2^(E_n − 127), exact
-    out[0] = acc[0] * s0, out[1] = acc[1] * s0, out[2] = acc[2] * s1, out[3] = acc[3] * s1;
+#pragma unroll
+    for (int jj = 0; jj < NT; ++jj)
+      out[jj][0] = acc[jj][0] * s0, out[jj][1] = acc[jj][1] * s0, out[jj][2] = acc[jj][2] * s1,
+      out[jj][3] = acc[jj][3] * s1;
     if (!VIEW) {
-      if (step < 1) esc.entry(tent, esc.e_lo, lane);
-      if (step < 2) esc.xwords(x, ldx, M, esc.e_lo, lane);
-      for (int base = esc.e_lo; base < esc.e_hi; base += 32) {
-        if (base != esc.e_lo) {  // more than 32 escapes in the segment: the next chunk, fetched now
-          esc.entry(tent, base, lane);
-          esc.xwords(x, ldx, M, base, lane);
-        }
-        stream_escape_chunk(out, esc, base, Eg, Eg8, my_esc, M, g, t, lane);
+      for (int base = esc.e_lo; base < esc.e_hi; base += STREAM_ECH) {
+        if (base != esc.e_lo || step < 1) esc.entries(tent, base, lane);
+        if (base != esc.e_lo || step < 2) esc.xwords(x, ldx, M, base, lane);
+        cp_async_wait_all();
+        stream_escape_chunk<NT>(out, esc, base, Eg, Eg8, s_d, M, g, t, lane);
       }
     }
     const long row0 = (long)nb * KB;
     const int plo = stream_owner(row0, P, T), phi = stream_owner(row0 + KB - 1, P, T);
     const int n0c = nb * 128 + 16 * warp;
     if (plo == phi) {
-      stream_store(out, y, ldy, N, M, n0c, g, t);
+      stream_store<NT>(out, y, ldy, N, M, n0c, g, t);
     } else {  // part of a row: partial (CTA p, its first or last row) into ws, then the tile's ticket
       float4* ws4 = reinterpret_cast<float4*>(ws);
-      auto part = [&](int q) {  // CTA q's partial of row nb for this warp's lanes
+      auto part = [&](int q, int jj) {  // CTA q's partial of row nb, n-tile jj, for this warp's lanes
         const int which = (long)nb == stream_first(q, P, T) / KB ? 0 : 1;
-        return ws4 + (((size_t)q * 2 + which) * 8 + warp) * 32 + lane;
+        return ws4 + ((((size_t)q * 2 + which) * 8 + warp) * NT + jj) * 32 + lane;
       };
-      __stcg(part(p), make_float4(out[0], out[1], out[2], out[3]));
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj) __stcg(part(p, jj), make_float4(out[jj][0], out[jj][1], out[jj][2], out[jj][3]));
       __threadfence();
       __syncwarp();
       int tk = 0;
@@ -1566,34 +1621,39 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
       tk = __shfl_sync(0xffffffffu, tk, 0);
       if (tk == phi - plo) {  // the last of the row's segments to arrive: add them in CTA order
         __threadfence();
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int q = plo; q <= phi; ++q) add4(sum, __ldcg(part(q)));
+        float sum[NT][4];
+#pragma unroll
+        for (int jj = 0; jj < NT; ++jj) {
+          float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+          for (int q = plo; q <= phi; ++q) add4(a, __ldcg(part(q, jj)));
+          sum[jj][0] = a.x, sum[jj][1] = a.y, sum[jj][2] = a.z, sum[jj][3] = a.w;
+        }
         if (lane == 0) tickets[nb * 8 + warp] = 0;
-        const float o[4] = {sum.x, sum.y, sum.z, sum.w};
-        stream_store(o, y, ldy, N, M, n0c, g, t);
+        stream_store<NT>(sum, y, ldy, N, M, n0c, g, t);
       }
     }
     if (i + 1 == n) break;
     // ---- the next row's segment
     ++nb, kb = 0, ka = 0, step = 0;
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < NT; ++jj) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
     Eg = __ldg(expo + nb * 128 + 16 * warp + g), Eg8 = __ldg(expo + nb * 128 + 16 * warp + g + 8);
     if (!VIEW) esc.start(toff, nb * 8 + warp, KB, 0, seg_end(nb));
   }
 }
 
-// ring, barriers and (W12) the warps' escape chunks
-template <bool VIEW>
+// ring, barriers and (W12) the warps' escape staging
+template <int NT, bool VIEW>
 size_t stream_smem(int stages) {
-  return 128 + (size_t)stages * (VIEW ? VIEW_BYTES : REC) + 16 * (size_t)stages + (VIEW ? 0 : 8 * 32 * 9 * 4);
+  return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + 8 * stream_esc_bytes<NT, VIEW>();
 }
 
-template <bool VIEW>
+template <int NT, bool VIEW>
 cudaError_t launch_stream(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                           const void* tent, void* y, int ldy, int N, int NB, int KB, int ctas, int stages, void* ws,
                           void* tickets, int wfirst, cudaStream_t st) {
-  auto kern = w12_stream_kernel<VIEW>;
-  const size_t smem = stream_smem<VIEW>(stages);
+  auto kern = w12_stream_kernel<NT, VIEW>;
+  const size_t smem = stream_smem<NT, VIEW>(stages);
   static size_t set = 0;
   if (smem > set) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1601,9 +1661,9 @@ cudaError_t launch_stream(const void* x, int M, int ldx, const void* rec, const 
     set = smem;
   }
   // at most one CTA per record: every CTA's range is then non-empty, so a row's segments are the CTAs p_lo .. p_hi
-  kern<<<(int)min((long)ctas, (long)NB * KB), 288, smem, st>>>((const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo,
-                                (const int32_t*)toff, (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB,
-                                (long)NB * KB, (float*)ws, (int*)tickets, stages, wfirst);
+  kern<<<(int)min((long)ctas, (long)NB * KB), 288, smem, st>>>(
+      (const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo, (const int32_t*)toff,
+      (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (long)NB * KB, (float*)ws, (int*)tickets, stages, wfirst);
   return cudaGetLastError();
 }
 
@@ -1783,16 +1843,20 @@ extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const
   return (int)cudaErrorInvalidValue;
 }
 
-// The stream kernel for M ≤ 8 (w12_stream_kernel above): ctas CTAs, each streaming an equal contiguous range of the
-// NB·KB records through a ring of `stages` slots; ws: fp32 [ctas · 2 · 8 · 128] for the partial rows' sums and tickets:
-// int32 zeros [NB · 8] (left at zero).  wfirst: 1 = the record copies with L2 evict_first.  Same tensors and
-// preconditions as w12_gemv.
+// The stream kernel for M ≤ 32 (w12_stream_kernel above; 8·nt rows per CTA, nt the smallest of 1, 2, 4 that holds M):
+// ctas CTAs (at most one per record), each streaming an equal contiguous range of the NB·KB records and their X tiles
+// through a ring of `stages` slots; ws: fp32 [ctas · 2 · 8 · 8nt · 32 · 4] for the partial rows' sums and tickets: int32
+// zeros [NB · 8] (left at zero).  wfirst: 1 = the record copies with L2 evict_first.  Same tensors and preconditions as
+// w12_gemv.
 extern "C" int w12_stream(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int ctas, int stages,
                           void* ws, void* tickets, void* stream, int wfirst) {
-  if (M < 1 || M > 8 || ctas < 1 || stages < 2 || stages > 16) return (int)cudaErrorInvalidValue;
+  if (M < 1 || M > 32 || ctas < 1 || stages < 2 || stages > 16) return (int)cudaErrorInvalidValue;
   cudaStream_t st = (cudaStream_t)stream;
-  if (view)
-    return launch_stream<true>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, ctas, stages, ws, tickets, wfirst, st);
-  return launch_stream<false>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, ctas, stages, ws, tickets, wfirst, st);
+#define W12_ST(NTV, V) \
+  if (M <= 8 * NTV && !!view == V) \
+    return launch_stream<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, ctas, stages, ws, tickets, wfirst, st);
+  W12_ST(1, false) W12_ST(1, true) W12_ST(2, false) W12_ST(2, true) W12_ST(4, false) W12_ST(4, true)
+#undef W12_ST
+  return (int)cudaErrorInvalidValue;
 }

@@ -191,7 +191,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
 @pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace",
-                                                       "w12_gemm_ws"]),
+                                                       "w12_gemm_ws", "w12_stream"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
@@ -228,6 +228,11 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
     rule = {gc.ws_rule_config(m, n, k) for n, k in shapes for m in (9, 17, 33, 49, 65, 128)}
     assert all(ws(c.nt, c.split, v) not in (0, 1) for c in rule for v in (0, 1))
+    def stream(m, stages, view):
+        return lib.w12_stream(p, m, 64, p, p, p, p, p, 64, 128, 1, 8, view, 264, stages, p, p, p, 0)
+
+    assert all(stream(m, s, v) not in (0, 1) for m in (1, 8, 9, 16, 17, 32) for s in (2, 8, 16) for v in (0, 1))
+    assert stream(33, 4, 0) == 1 and stream(1, 1, 0) == 1 and stream(1, 17, 1) == 1  # M ≤ 32, 2–16 stages
     # and the dispatchers do refuse what they do not compile
     assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1
