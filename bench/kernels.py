@@ -373,11 +373,12 @@ def main():
     print(f"CUDA skinny kernel available: {cuda_ok}")
     if cuda_ok:
         wq = decode_gpu(enc.records, enc.exps, enc.counts, enc.escapes, n, k, view=True)
-        for cfg in (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
-                    gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
-                    gc.CudaConfig(1, 4, 1, 1, 100), gc.CudaConfig(1, 8, 2, 2, 50),
-                    gc.WsConfig(2), gc.WsConfig(4, 3), gc.WsConfig(8, 2), gc.WsConfig(16), gc.WsConfig(16, 2)):
-            mm = 8 * cfg.nt
+        tiled = (gc.CudaConfig(8, 8, 2), gc.CudaConfig(1, 4, 2), gc.CudaConfig(2, 8, 1), gc.CudaConfig(4, 4, 2),
+                 gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
+                 gc.CudaConfig(1, 4, 1, 1, 100), gc.CudaConfig(1, 8, 2, 2, 50),
+                 gc.WsConfig(2), gc.WsConfig(4, 3), gc.WsConfig(8, 2), gc.WsConfig(16), gc.WsConfig(16, 2))
+        streams = ((gc.StreamConfig(2, 4), 8), (gc.StreamConfig(2, 3, True), 16), (gc.StreamConfig(1, 5), 32))
+        for cfg, mm in [(c, 8 * c.nt) for c in tiled] + list(streams):  # mm: X rows per call
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
                 yt = enc.run(xe, cuda=cfg).t()
@@ -550,6 +551,9 @@ def main():
             elif kind == "ws":
                 cc = gc.dispatched_config(m, n, k)
                 c = f"cuda-ws {cc.nt}/{cc.split}" + (f" tail {cc.tail}" if cc.tail > 1 else "")
+            elif kind == "stream":
+                cc = gc.dispatched_config(m, n, k)
+                c = f"cuda-stream {cc.ctas_per_sm}/{cc.stages}" + (" ef" if cc.evict_first else "")
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,

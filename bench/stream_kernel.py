@@ -7,13 +7,16 @@ At one row the skinny kernel streams the LM heads at ~4.1 TB/s, while a bare rin
 streams the same bytes at ~4.3 (bench/tma_stream.py --shapes, 2026-12-04-tma-stream-shapes-h200-s32.md). The stream
 kernel is that ring with the decode and the MMAs: each CTA streams one contiguous range of records and their X tiles
 (rows split between CTAs are added in a fixed order); at 32 rows it also does without the ws kernel's X reorder
-kernel, escape prologue and split-K epilogue. First, in a child process with a time limit (a wrong ring phase hangs, it does not
-fail): small matrices with many escapes (more than 32 per segment), more CTAs than records, N not a multiple of 128,
+kernel, escape prologue and split-K epilogue. First, in a child process with a time limit (a wrong ring phase hangs,
+it does not fail): small matrices with many escapes (more than one chunk of 16 per segment), more CTAs than records,
+N not a multiple of 128,
 M = 1, 3, 8, 13 and 32, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal
 over three runs. Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs
 (CTAs per SM, ring stages, L2 evict_first on the record copies), each checked against the reference and bit-equal
 over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
-best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md.
+best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and
+OUT/stream_table.py (the entries where the stream kernel is ≥ 1.5 % faster, for gemm_cuda.STREAM_TABLE;
+`W12_STREAM_TABLE=OUT/stream_table.py python bench/kernels.py` then runs the full bench with them).
 """
 
 import argparse
@@ -167,7 +170,15 @@ def main():
     text = "\n".join(lines)
     with open(os.path.join(a.out, "stream_kernel.md"), "w") as fh:
         fh.write(text)
+    # the entries to adopt: where the stream kernel beat the dispatched config by ≥ 1.5 % (for gemm_cuda.STREAM_TABLE;
+    # W12_STREAM_TABLE=OUT/stream_table.py runs bench/kernels.py with them)
+    table = "".join(f"    ({r['n']}, {r['k']}, {8 * gc._nt_for(r['m'])}, {view}): {r[key + 'best']!r},\n"
+                    for r in rows for view, key in ((False, "w"), (True, "v"))
+                    if r[key + "t_best"] < r[key + "t_cur"] / 1.015)
+    with open(os.path.join(a.out, "stream_table.py"), "w") as fh:
+        fh.write("STREAM_TABLE = {\n" + table + "}\n")
     print(text)
+    print("STREAM_TABLE = {\n" + table + "}")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,12 @@ class StreamConfig:
     stages: int = 6
     evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)
 
+
+# (N, K, M bucket 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured faster than the kernel that took
+# the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).  Empty until the
+# kernel (prepared in session 40, without a GPU) is measured.
+STREAM_TABLE: dict = {}
+
 WS_NTS = (2, 4, 6, 8, 16)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
@@ -146,8 +152,9 @@ def m_bucket(m: int) -> int | None:
     return next((b for b in M_BUCKETS if m <= b), None) if m > 8 else None
 
 
-def kernel_for(m: int, n: int, k: int) -> str | None:
-    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "ws" where WS_TABLE holds a measured config (40 of the 50
+def kernel_for(m: int, n: int, k: int, view: bool = False) -> str | None:
+    """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "stream" where STREAM_TABLE holds a measured config (up to 32
+    rows), "ws" where WS_TABLE holds a measured config (40 of the 50
     (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured
     that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 100000, 6144×4096 and 4096² at
     M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).
@@ -161,6 +168,8 @@ def kernel_for(m: int, n: int, k: int) -> str | None:
       kernel's speed on its four shapes, at 33–64 1.14–1.64× on the three below 1 M weights, while 3072×576 ran
       1.22–1.43× faster on the ws kernel (2026-12-04-unseen-shapes-h200-s28.md).  (The ops decode + cuBLAS most of
       these calls instead: prefers_decode.)"""
+    if m <= 32 and (n, k, 8 * _nt_for(m), view) in STREAM_TABLE:
+        return "stream"
     if (n, k, m_bucket(m)) in WS_TABLE:
         return "ws"
     if m > 128:
@@ -331,12 +340,14 @@ TABLE: dict = {
 
 
 def _load_override():
-    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep) and W12_WS_TABLE=path.py
-    (a `WS_TABLE = {...}` written by bench/ws_configs.py) replace entries."""
-    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_WS_TABLE", "WS_TABLE", WS_TABLE)):
+    """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep), W12_WS_TABLE=path.py
+    (a `WS_TABLE = {...}` written by bench/ws_configs.py) and W12_STREAM_TABLE=path.py (a `STREAM_TABLE = {...}` written
+    by bench/stream_kernel.py) replace entries."""
+    for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_WS_TABLE", "WS_TABLE", WS_TABLE),
+                             ("W12_STREAM_TABLE", "STREAM_TABLE", STREAM_TABLE)):
         path = os.environ.get(var)
         if path:
-            scope = {"CudaConfig": CudaConfig, "WsConfig": WsConfig}
+            scope = {"CudaConfig": CudaConfig, "WsConfig": WsConfig, "StreamConfig": StreamConfig}
             exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
             table.update(scope[name])
 
@@ -398,11 +409,13 @@ def pick_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig:
     return CudaConfig(nt, warps, 1, split)
 
 
-def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | WsConfig:
+def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig | WsConfig | StreamConfig:
     """The kernel and config that `launch` runs for Y[m, n] = X·Wᵀ when it is given none (kernel_for's choice)."""
-    kind = kernel_for(m, n, k)
+    kind = kernel_for(m, n, k, view)
     if kind is None:
         raise ValueError(f"no CUDA W12 kernel takes M = {m} rows (they cover M ≤ 128): check gemm_cuda.usable first")
+    if kind == "stream":
+        return STREAM_TABLE[(n, k, 8 * _nt_for(m), view)]
     if kind == "ws":
         return WS_TABLE.get((n, k, m_bucket(m))) or ws_rule_config(m, n, k)
     return pick_config(m, n, k, view)
