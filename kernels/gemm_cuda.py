@@ -1,4 +1,4 @@
-"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, ws): checks, config choice, launch.
+"""Host side of the CUDA W12 GEMMs (kernels/w12_gemv.cu: skinny, ws, stream): checks, config choice, launch.
 
     if gemm_cuda.usable(x, records, exponents, n):
         y = gemm_cuda.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)   # bf16 [M, n]
