@@ -1577,10 +1577,10 @@ __global__ void __launch_bounds__(288, NT >= 4 ? 1 : 2) w12_stream_kernel(
         mma16816(acc[j], fa[k][0], fa[k][1], fa[k][2], fa[k][3], word(q, 2 * (k & 1)), word(q, 2 * (k & 1) + 1));
       }
     const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
-    const int j = kb - ka;                        // records of the segment before this one
-    if (!VIEW && !last) {
-      if (j == 1 && step == 0) esc.entries(tent, esc.e_lo, lane), step = 1;
-      if (j == 3 && step == 1) esc.xwords(x, ldx, M, esc.e_lo, lane), step = 2;
+    const int seen = kb - ka;                     // records of the segment before this one
+    if (!VIEW && !last) {  // the escape steps two records apart, each load's latency under the records' stream
+      if (seen == 1 && step == 0) esc.entries(tent, esc.e_lo, lane), step = 1;
+      if (seen == 3 && step == 1) esc.xwords(x, ldx, M, esc.e_lo, lane), step = 2;
     }
     if (!last) {
       ++kb;
