@@ -1648,18 +1648,23 @@ size_t stream_smem(int stages) {
   return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + 8 * stream_esc_bytes<NT, VIEW>();
 }
 
+// Raises a kernel's dynamic shared-memory limit to smem the first time a launch needs more (set: its limit so far).
+template <typename Kern>
+cudaError_t raise_smem(Kern kern, size_t smem, size_t& set) {
+  if (smem <= set) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e == cudaSuccess) set = smem;
+  return e;
+}
+
 template <int NT, bool VIEW>
 cudaError_t launch_stream(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                           const void* tent, void* y, int ldy, int N, int NB, int KB, int ctas, int stages, void* ws,
                           void* tickets, int wfirst, cudaStream_t st) {
   auto kern = w12_stream_kernel<NT, VIEW>;
   const size_t smem = stream_smem<NT, VIEW>(stages);
-  static size_t set = 0;
-  if (smem > set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = smem;
-  }
+  static size_t set = 0;  // this kernel's dynamic shared-memory limit so far
+  if (cudaError_t e = raise_smem(kern, smem, set)) return e;
   // at most one CTA per record: every CTA's range is then non-empty, so a row's segments are the CTAs p_lo .. p_hi
   kern<<<(int)min((long)ctas, (long)NB * KB), 288, smem, st>>>(
       (const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo, (const int32_t*)toff,
@@ -1675,12 +1680,8 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = ws_smem<NT, VIEW>(kps);
-  static size_t set = 0;
-  if (smem > set) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    set = smem;
-  }
+  static size_t set = 0;  // this kernel's dynamic shared-memory limit so far
+  if (cudaError_t e = raise_smem(kern, smem, set)) return e;
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
   const long words = (long)mpad * KB * 32;
   w12_x_ws_kernel<<<(int)min(2048L, (words + 255) / 256), 256, 0, st>>>((const __nv_bfloat16*)x, ldx, (uint32_t*)xq,
