@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "kernels/w12_gemv.cu"
 
@@ -234,7 +235,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             f"# {title} — {datetime.date.today()}", "",
             *([] if done else [f"**Incomplete**: written after {len(lines)} rows.", ""]),
             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
-            f"commit {os.environ.get('W12_REV', '?')}",
+            f"commit {commit()}",
             f"- command: {command}",
             f"- bits: {bits}; µs: CUDA graph replay, do_bench, L2 flushed, median of {rounds} interleaved rounds; "
             "configs as dispatched (gemm_cuda.dispatched_config)", "",
@@ -332,7 +333,7 @@ def main():
         for name, why in dropped.items():
             print(f"dropped {name}: {why}", flush=True)
         run_libs({name: lib(name) for name in revs if name not in dropped}, ms, a.rounds,
-                 "Skinny-kernel builds side by side (bench/ab_kernel.py)",
+                 "W12 kernel builds side by side (bench/ab_kernel.py)",
                  f"`python bench/ab_kernel.py --build DIR` (here; libraries {', '.join(f'{n} = {r}' for n, r in revs.items())}),"
                  f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}"
                  f"{' --clocks' if a.clocks else ''}`", a.out, "ab_kernel.md", clocks=a.clocks, dropped=dropped)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 SPIN_CU = r"""
 #include <cuda_runtime.h>
 __global__ void w12_spin(unsigned long long* out, int iters) {
@@ -116,7 +117,7 @@ def run(lib_dir: Path, out: str):
         torch.cuda.empty_cache()
     text = "\n".join([
         "# The SM clock right after a load (bench/clock_probe.py)", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}; "
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}; "
         f"gemm_cuda library {gc.library() is not None}",
         "- command: `python bench/clock_probe.py --build DIR` here, then `W12_CUDA=1 python bench/clock_probe.py --libs DIR`",
         f"- each load called {R}× in one CUDA graph, then a spin kernel (one warp per SM, {ITERS} dependent FMAs): "

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import Mat, cuda_candidates, rel, spin  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -176,11 +177,11 @@ def sweep(st, args):
     med = {name: statistics.median(v) for name, v in times.items()}
     table = "TABLE = {\n" + "".join(f"    ({n}, {k}, 8, False): {after[kind]},\n" for kind, (n, k) in shapes.items()) + "}\n"
     with open(os.path.join(args.out, "cuda_table_decode.py"), "w") as fh:
-        fh.write(f"# bench/decode_step.py --sweep, commit {os.environ.get('W12_REV', '?')}: M = 1 configs timed in a decode step\n")
+        fh.write(f"# bench/decode_step.py --sweep, commit {commit()}: M = 1 configs timed in a decode step\n")
         fh.write(table)
     text = "\n".join([
         f"# M = 1 kernel configs timed inside a decode step — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}; PDL {gc.PDL}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}; PDL {gc.PDL}",
         f"- command: `W12_CUDA=1 python bench/decode_step.py --sweep --layers {L} --rounds {args.rounds} --out $OUT`",
         f"- step µs per layer, median of {args.rounds} interleaved rounds: table configs {med['table']:.1f}, "
         f"swept {med['swept']:.1f} ({med['table'] / med['swept']:.3f}×)", "",
@@ -235,7 +236,7 @@ def main():
         fh.write(f"export W12_PDL={int(best[3])}\n")
     base = rows[0][1]
     lines = [f"# Decode-step model: W12 with / without PDL vs cuBLAS BF16 — {datetime.date.today()}", "",
-             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
              f"- stand-ins compiled with inductor PDL (TORCHINDUCTOR_ENABLE_PDL): {pdl_inductor}",
              f"- command: `W12_CUDA=1 python bench/decode_step.py --layers {L} --rounds {args.rounds} --out $OUT`",
              f"- final hidden state: every W12 variant the same bits: **{same}**; W12 vs cuBLAS ‖Δ‖∞/‖ref‖∞ = {err:.2e}",

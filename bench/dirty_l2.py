@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from ab_kernel import build_libs, build_or_run, source_at  # noqa: E402
 
 REV = "1576469"  # the source the variants patch: before CudaConfig.l2 made the weight loads' L2 priority a config
@@ -103,7 +104,7 @@ def run(libs: Path, out: str):
         torch.cuda.empty_cache()
     text = "\n".join([
         f"# M = 1 under a dirty and a clean L2 — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         "- command: `python bench/dirty_l2.py --build DIR` (here), then `W12_CUDA=1 python bench/dirty_l2.py --libs DIR`",
         "- every variant gave the base build's bits (W12 and view); cells: µs after do_bench's zeroing flush (dirty L2) / "
         "after a read-only 512 MB flush (clean L2) (+ the difference); CUDA graph replay, median; configs as dispatched", "",

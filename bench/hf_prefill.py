@@ -22,12 +22,12 @@ import datetime
 import importlib.util
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import torch
+from revision import commit  # noqa: E402  (bench/revision.py)
 
 # This folder off sys.path: its kernels.py would shadow the PyPI `kernels` package that Transformers imports.
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,8 +102,7 @@ def main(argv=None):
 def report(rows, cfg, args, device) -> str:
     import transformers
 
-    rev = os.environ.get("W12_REV") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                      text=True).stdout.strip() or "unknown"
+    rev = commit()
     dev = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     out = [f"# Prefill through Transformers: BF16 vs W12 — {datetime.date.today()}", "",
            f"- device: {dev}; torch {torch.__version__}; transformers {transformers.__version__}; commit {rev}",

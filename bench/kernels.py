@@ -34,6 +34,7 @@ from w12.formats import reference as fmt
 from w12.kernels import gemm as g
 from w12.kernels import gemm_cuda as gc
 from w12.kernels import ops  # noqa: F401  (registers torch.ops.w12.*)
+from revision import commit  # noqa: E402  (bench/revision.py)
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096),
           (10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600), (151936, 5120)]
@@ -579,12 +580,7 @@ def geo(v):
 
 def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs, diag=()):
     today = datetime.date.today().isoformat()
-    head = os.environ.get("W12_REV")  # the commit the package was copied from (a device copy's .git may lag)
-    if not head:
-        try:
-            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        except Exception:
-            head = "unknown"
+    head = commit(short=False)
     dirty = os.environ.get("W12_DIRTY", "")
     cmd = os.environ.get("W12_CMD", "PYTHONUNBUFFERED=1 python bench/kernels.py " + " ".join(sys.argv[1:]))
     L = [f"# W12 kernels vs cuBLAS BF16 — {today}", "",

@@ -22,7 +22,6 @@ bit for bit first, and writes OUT/decode_sweep.md.
 import argparse
 import datetime
 import os
-import subprocess
 import sys
 import time
 
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import SHAPES, Mat, bench, decode_gpu, geo, spin  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import decode as dec  # noqa: E402
@@ -67,7 +67,7 @@ def decode_sweep(shapes, args):
         torch.cuda.empty_cache()
     head = "| N×K | " + " | ".join(f"{r}/{w}" for r, w in SWEEP) + " |"
     out = ["# kernels/decode.py: rows per program / warps — " + str(datetime.date.today()), "",
-           f"- GPU: {torch.cuda.get_device_name()}; commit: {os.environ.get('W12_REV', 'unknown')}",
+           f"- GPU: {torch.cuda.get_device_name()}; commit: {commit()}",
            f"- command: `python bench/large_m.py {' '.join(sys.argv[1:])}`",
            "- µs (TB/s of 12 KB per record read + 2·N·K written): CUDA graph replay, do_bench, L2 flushed, median; "
            "every config gave W's bits first (≠: it did not)", "", head, "|---|" + "---|" * len(SWEEP)]
@@ -126,7 +126,7 @@ def overlap(shapes, ms, chunks, args):
         del mt
         torch.cuda.empty_cache()
     out = ["# Decode overlapped with cuBLAS (bench/large_m.py --overlap) — " + str(datetime.date.today()), "",
-           f"- GPU: {torch.cuda.get_device_name()}; commit: {os.environ.get('W12_REV', 'unknown')}",
+           f"- GPU: {torch.cuda.get_device_name()}; commit: {commit()}",
            f"- command: `python bench/large_m.py {' '.join(sys.argv[1:])}`",
            "- BF16 µs / W12 µs (CUDA graph replay, do_bench, L2 flushed, median); = / ≠: bits of F.linear on the "
            "whole weight or not", "",
@@ -219,11 +219,7 @@ def main():
 
 
 def report(rows, checks, dev, args, secs) -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        rev = ""
-    rev = os.environ.get("W12_REV", rev) or "unknown"
+    rev = commit()
     out = [f"# Prefill-sized W12 calls: decode + cuBLAS vs fused kernels vs BF16 — {datetime.date.today()}", "",
            f"- GPU: {dev}; torch {torch.__version__}; triton {triton.__version__}", f"- commit: {rev}",
            f"- command: `python bench/large_m.py {' '.join(sys.argv[1:])}`; wall {secs:.0f} s",

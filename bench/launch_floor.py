@@ -22,6 +22,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import Mat, bench, rel, spin  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -96,7 +97,7 @@ def main():
         del mats, mt
         torch.cuda.empty_cache()
 
-    rev = os.environ.get("W12_REV", "?")
+    rev = commit()
     lines = [f"# Launch floor: W12 vs cuBLAS BF16 at M = 1, three timing methods — {datetime.date.today()}", "",
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
              f"- commit: {rev}", "- command: `W12_CUDA=1 python bench/launch_floor.py --out $OUT`",

@@ -31,6 +31,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import SHAPES, Mat, bench, cuda_candidates, decode_gpu, rel  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -126,7 +127,7 @@ def main():
         f"# M = {a.m} skinny {kind} configs under do_bench's flush"
         f"{' on shapes outside the tables' if a.unseen else ''} — "
         f"{datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         f"- command: `W12_CUDA=1 python bench/m1_configs.py{flags} --out $OUT`",
         "- every candidate within 1e-2 of the reference, bit-equal across l2; µs: CUDA graph replay, do_bench (zeroing "
         "flush), median of 3 interleaved rounds; clean: after a read-only flush",

@@ -25,6 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import bench, decode_gpu, identity_product, rel, sweep_cases  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -124,7 +125,7 @@ def write(out, ms, ident, rows, table, fails, done=False):
     text = "\n".join([
         f"# Skinny kernel at nt = 4 against today's dispatch (bench/skinny_configs.py) — {datetime.date.today()}", "",
         *([] if done else [f"**Incomplete**: {len(rows)} rows.", ""]),
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         f"- command: `W12_CUDA=1 python bench/skinny_configs.py --ms {','.join(map(str, ms))}`",
         f"- identity product: {ident}; every timed candidate within 1e-2 of the reference and deterministic (else "
         "listed at the end); µs: CUDA graph replay, do_bench, L2 flushed, median", "",

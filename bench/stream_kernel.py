@@ -29,6 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import SHAPES, Mat, bench, decode_gpu, mat_of, rel  # noqa: E402
 from m1_configs import timed  # noqa: E402
 
@@ -144,7 +145,7 @@ def main():
     assert all(1 <= m <= 32 for m in ms), "--ms: rows of X from 1 to 32"
     rows = [r for si, (n, k) in enumerate(SHAPES) for r in shape_rows(si, n, k, ms)]
     lines = [f"# The stream kernel against the dispatched kernels — {datetime.date.today()}", "",
-             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
              f"- command: `W12_CUDA=1 python bench/stream_kernel.py --ms {a.ms} --out $OUT`",
              "- checks (child process): " + text.strip().splitlines()[-2] + "; every config below within 1e-2 of the "
              "reference and bit-equal over three runs",

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 
 SRC = r"""
 #include <cuda_runtime.h>
@@ -194,7 +195,7 @@ def run(lib_path: Path, out: str):
         print(rows[-1], flush=True)
     text = "\n".join([
         f"# Bulk-copy ring vs per-thread loads, streaming alone — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         "- command: `python bench/tma_stream.py --build DIR` here, then `W12_CUDA=1 python bench/tma_stream.py --libs DIR`",
         "- TB/s of weight bytes (the X tiles, L2-resident, not counted); do_bench median, L2 flushed before each run", "",
         "| path | MB | CTAs | CTAs/SM | chunk KB | X KB | stages | µs | TB/s |", "|---|---|---|---|---|---|---|---|---|",
@@ -263,7 +264,7 @@ def shapes(lib_path: Path, out: str):
     geo = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
     text = "\n".join([
         f"# Streaming floors of the kernel shapes — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         "- command: `python bench/tma_stream.py --build DIR` here, then "
         "`W12_CUDA=1 python bench/tma_stream.py --libs DIR --shapes`",
         "- every time: CUDA graph replay, do_bench (L2 flushed by a 256 MB write), median, µs. Floor = the fastest "

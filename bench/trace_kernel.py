@@ -23,6 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import SHAPES, Mat, bench  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -90,7 +91,7 @@ def main():
         torch.cuda.empty_cache()
     text = "\n".join([
         f"# One M = 1 skinny-kernel call, traced per CTA — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}; "
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}; "
         "clock64 cycles converted at the SM clock each trace shows (cycles / globaltimer ns per CTA, median)",
         f"- command: `W12_CUDA=1 python bench/trace_kernel.py --runs {args.runs} --out $OUT`",
         "- per launch after a 256 MB L2 flush and a synchronise; medians over the runs; µs. do_bench columns: CUDA "

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import SHAPES, Mat, bench, decode_gpu, geo, rel  # noqa: E402  (bench/kernels.py)
 
 from w12.kernels import decode as dec  # noqa: E402
@@ -105,7 +106,7 @@ def main():
     head = [f"# W12 at M = {a.ms} on shapes outside the tables: ws_rule_config vs the skinny kernel — "
             f"{datetime.date.today()}", "",
             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; "
-            f"commit {os.environ.get('W12_REV', '?')}",
+            f"commit {commit()}",
             f"- command: `W12_CUDA=1 python bench/unseen_shapes.py --ms {a.ms}`",
             "- µs: CUDA graph replay, do_bench (L2 flushed), median; ratio = cuBLAS µs / kernel µs; every config "
             "checked first (rel. error < 1e-2 against the fp32 product of the decoded weights, two runs the same bits)",

@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 
 # (name, NT, NWG, BATCH, SS, OWNB, PIPE, DEC); DEC 2: decode with two fragment sets alternating (the next record's
 # decode while the current one's wgmma runs: BATCH 2 sets, one record per commit, wait_group 1); DEC 3: decode only
@@ -297,7 +298,7 @@ def run(lib_path: str, out: str):
     text = "\n".join([
         f"# Bare wgmma loops: the tensor-core chain's bound (bench/wgmma_bound.py) — {datetime.date.today()}", "",
         f"- GPU: {torch.cuda.get_device_name()}; {sms} CTAs (one per SM), {records} records per warpgroup; commit "
-        f"{os.environ.get('W12_REV', '?')}",
+        f"{commit()}",
         "- command: `python bench/wgmma_bound.py --build DIR` (here), then `W12_CUDA=1 python bench/wgmma_bound.py "
         "--libs DIR`",
         "- clk/wgmma: clock64 over the loop (median CTA, best of 5 launches) / (records × warpgroups × 4); dense rate: "

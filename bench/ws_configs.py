@@ -27,6 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import bench, identity_product, rel, run_isolated, sweep_cases, write_files  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -108,7 +109,7 @@ def write(args, rows, best_of, bad):
                        f"{geomean([r['cublas'] / r['ws'] for r in at]):.3f} | {geomean(both):.3f} | {min(both):.3f} |")
     text = "\n".join([
         f"# Warp-specialized W12 kernel (ws) against today's dispatch and cuBLAS — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         f"- command: `W12_CUDA=1 python bench/ws_configs.py --ms {args.ms} --out $OUT`",
         "- µs: CUDA graph replay, do_bench median, L2 flushed; every config checked first (identity product "
         "bit-exact; relative ∞-norm error < 1e-2; 3 runs the same bits)",

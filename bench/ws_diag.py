@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 VARIANTS = {0: "full", 1: "no decode", 2: "no mma", 3: "neither", 5: "mma only", 7: "ring only", 8: "no escapes",
             13: "mma only, no escapes", 24: "no ring, no escapes", 28: "mma only, no ring, no escapes",
             32: "offset", 56: "no ring, no escapes, offset", 60: "mma only, no ring, no escapes, offset"}
@@ -169,7 +170,7 @@ def run(libs: dict, rounds: int, out: str):
         lines.append(row)
     text = "\n".join([
         f"# ws kernel: time with parts of the main loop removed — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         "- command: `python bench/ws_diag.py --build DIR` here, then `W12_CUDA=1 python bench/ws_diag.py --libs DIR`",
         f"- µs: CUDA graph replay, do_bench, L2 flushed, median of {rounds} interleaved rounds; in brackets ns per "
         "record per SM (records / 132); 'additive' = no decode + no mma − neither; variants: "

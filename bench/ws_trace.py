@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 CASES = [(6144, 4096, 32, (4, 5)), (4096, 4096, 32, (4, 4)), (10240, 5120, 32, (4, 3)), (151936, 5120, 32, (4, 1)),
          (10240, 5120, 64, (8, 3)), (6144, 4096, 128, (16, 2)), (28672, 4096, 128, (16, 1)), (151936, 5120, 128, (16, 1)),
          (28672, 4096, 128, (16, 1), True), (151936, 5120, 128, (16, 1), True)]  # True: the 8-bit view
@@ -213,7 +214,7 @@ def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
         torch.cuda.empty_cache()
     text = "\n".join([
         f"# ws kernel: one call's phases from globaltimer stamps — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {os.environ.get('W12_REV', '?')}",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         "- command: `python bench/ws_trace.py --build DIR` here, then `W12_CUDA=1 python bench/ws_trace.py --libs DIR`",
         f"- do_bench µs (graph replay, L2 flushed, median) of cuBLAS, the landed build and the stamped build (same bits); "
         f"phases: µs, medians over {runs} flushed replays of the captured call (X reorder + ws kernel); 'reorder end', "
