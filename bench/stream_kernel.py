@@ -39,9 +39,10 @@ SC = gc.StreamConfig
 
 
 def cands(m, view):
-    """The stream configs timed at M = m: two CTAs per SM up to 16 rows (one fits above: its registers)."""
+    """The stream configs timed at M = m (above 16 rows a slot holds a 4 KB X tile: two CTAs per SM up to 5 stages)."""
     if m > 16:
-        return [SC(1, s, ef) for s in ((8, 12) if view else (6, 8, 10, 12)) for ef in (False, True)]
+        return [SC(c, s, ef) for c, s in (((1, 12), (2, 6), (2, 8)) if view else ((1, 8), (1, 12), (2, 4), (2, 5)))
+                for ef in (False, True)]
     if view:
         return [SC(2, s, ef) for s in (6, 8) for ef in (False, True)]
     return [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]

@@ -54,7 +54,8 @@ class WsConfig:
 class StreamConfig:
     """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 32): ctas_per_sm · SMs CTAs, each streaming an equal
     contiguous range of the matrix's records and their X tiles through a ring of `stages` slots; a row split between
-    CTAs is added in a fixed order (the same bits every run).  Above 16 rows one CTA fits per SM (its registers)."""
+    CTAs is added in a fixed order (the same bits every run).  Two CTAs per SM fit while their rings do (228 KB of shared
+    memory per SM: a slot is 12 KB of record and 1, 2 or 4 KB of X tile at up to 8, 16 or 32 rows)."""
     ctas_per_sm: int = 2
     stages: int = 6
     evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)

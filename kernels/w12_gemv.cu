@@ -1363,8 +1363,8 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
 // with 16-byte cp.async in X's own column order, chunk q of row m at q ^ (m & 7) (stream_x_off), all counted on the
 // slot's `full` mbarrier (no reorder kernel: the X tile is read from X as it lies).  Consumer warp w (0–7) takes the
 // channels 16w..16w+15 of every record: the skinny kernel's lane layout, decode4 and mma.sync m16n8k16 (X row 8j + g,
-// columns 16t .. 16t + 15: chunks 2t, 2t + 1 of the row, conflict-free through the swizzle), and releases the slot as
-// soon as its record words and X words are in registers.  A row's records in one CTA are a segment; at a segment's end
+// columns 16t .. 16t + 15: chunks 2t, 2t + 1 of the row, conflict-free through the swizzle), and releases the slot
+// once its record words and X words are read.  A row's records in one CTA are a segment; at a segment's end
 // each warp, on its own (no CTA barrier): out = acc · 2^(E_n − 127), then + x[m, col] · (w − w_code) for the segment's
 // escapes in list order (offsets, entries and X words fetched in three dependent steps while the segment's records
 // stream: StreamEsc).  A whole row is stored; a part of one is published as partial j of the row's segments (CTAs p_lo
@@ -1478,10 +1478,12 @@ __host__ __device__ constexpr int stream_esc_bytes() {  // per warp: entries, th
   return VIEW ? 0 : STREAM_ECH * (8 + 4 * 8 * NT + 4);
 }
 
-// Launch bounds: two CTAs per SM up to nt = 2 (two 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers;
-// nt = 1 / 2 use 72 / 86), one at nt = 4 (118 registers; at the 96 cap it spilled 40 bytes).
+// Launch bounds: two CTAs per SM (two 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers).  nt = 1 / 2 / 4
+// use 68 / 80 / 96, the last with 16 bytes spilled outside the record loop (its setup and a segment's end); each n-tile's
+// X words are loaded just before its MMAs for that (all of them loaded first, nt = 4 took 118 registers, or spilled
+// 40 bytes at this cap).  The ring depth and the CTAs per SM are the config's (StreamConfig).
 template <int NT, bool VIEW>
-__global__ void __launch_bounds__(288, NT >= 4 ? 1 : 2) w12_stream_kernel(
+__global__ void __launch_bounds__(288, 2) w12_stream_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, long T, float* __restrict__ ws, int* __restrict__ tickets,
@@ -1560,22 +1562,19 @@ __global__ void __launch_bounds__(288, NT >= 4 ? 1 : 2) w12_stream_kernel(
     const uint8_t* slot = ring + (size_t)s * SLOT;
     uint32_t fa[4][4];
     ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
-    uint4 xa[NT], xb[NT];  // X row 8j + g, columns 16t .. 16t + 7 and 16t + 8 .. 16t + 15
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      xa[j] = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t));
-      xb[j] = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t + 1));
+    for (int j = 0; j < NT; ++j) {  // X row 8j + g, columns 16t .. 16t + 7 (xa) and 16t + 8 .. 16t + 15 (xb)
+      const uint4 xa = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t));
+      const uint4 xb = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t + 1));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint4& q = k < 2 ? xa : xb;
+        mma16816(acc[j], fa[k][0], fa[k][1], fa[k][2], fa[k][3], word(q, 2 * (k & 1)), word(q, 2 * (k & 1) + 1));
+      }
     }
     __syncwarp();  // every lane's words are read: the slot is free
     if (lane == 0) mbar_arrive(empty + s);
     if (++s == stages) s = 0, ph ^= 1u;
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint4& q = k < 2 ? xa[j] : xb[j];
-        mma16816(acc[j], fa[k][0], fa[k][1], fa[k][2], fa[k][3], word(q, 2 * (k & 1)), word(q, 2 * (k & 1) + 1));
-      }
     const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
     const int seen = kb - ka;                     // records of the segment before this one
     if (!VIEW && !last) {  // the escape steps two records apart, each load's latency under the records' stream
