@@ -344,15 +344,23 @@ print("done", flush=True)
 
 def test_rev_tree_is_an_importable_revision(tmp_path):
     """bench/rev_tree.sh writes a revision's packages in pyproject's package-dir layout (what the GPU machine runs
-    bench scripts on, with no install): `w12.kernels` then imports from that tree, with its .cu source beside it;
-    an unknown revision is refused before anything is written."""
+    bench scripts on, with no install): `w12.kernels` then imports from that tree, with its .cu source beside it, and
+    the bench reports name the revision (REV, read by bench/revision.py); an unknown revision is refused before
+    anything is written."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs the git checkout")
     out = tmp_path / "tree"
     subprocess.run(["bash", str(ROOT / "bench" / "rev_tree.sh"), "HEAD", str(out)], cwd=ROOT, check=True,
                    capture_output=True)
-    assert sorted(p.name for p in out.iterdir()) == ["bench", "w12"]
+    assert sorted(p.name for p in out.iterdir()) == ["REV", "bench", "w12"]
     assert (out / "w12" / "kernels" / "w12_gemv.cu").is_file() and not (out / "bench" / "results").exists()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert (out / "REV").read_text() == head
+    env = {k: v for k, v in os.environ.items() if k != "W12_REV"}
+    r = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                        "from revision import commit; print(commit())", str(out / "bench")],
+                       capture_output=True, text=True, check=True, env=env)
+    assert r.stdout == head
     r = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                         "import w12.kernels.gemm_cuda as g, w12.formats.matrix; print(g.__file__)", str(out)],
                        capture_output=True, text=True, check=True)
