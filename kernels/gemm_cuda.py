@@ -49,7 +49,6 @@ class WsConfig:
     #                CTAs each, launched last (w12_gemv.cu's tail split; tail_rows says which)
 
 
-
 @dataclass(frozen=True)
 class StreamConfig:
     """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 32): ctas_per_sm · SMs CTAs, each streaming an equal
