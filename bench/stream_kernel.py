@@ -9,9 +9,8 @@ kernel is that ring with the decode and the MMAs: each CTA streams one contiguou
 (rows split between CTAs are added in a fixed order); at 32 rows it also does without the ws kernel's X reorder
 kernel, escape prologue and split-K epilogue. First, in a child process with a time limit (a wrong ring phase hangs,
 it does not fail): small matrices with many escapes (more than one chunk of 16 per segment), more CTAs than records,
-N not a multiple of 128,
-M = 1, 3, 8, 13 and 32, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal
-over three runs. Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs
+N not a multiple of 128, M = 1, 3, 8, 13 and 32, W12 and the view, each config checked against the reference (decode +
+fp32 matmul) and bit-equal over three runs. Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs
 (CTAs per SM, ring stages, L2 evict_first on the record copies), each checked against the reference and bit-equal
 over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
 best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and
@@ -174,7 +173,7 @@ def main():
         fh.write(text)
     # the entries to adopt: where the stream kernel beat the dispatched config by ≥ 1.5 % (for gemm_cuda.STREAM_TABLE;
     # W12_STREAM_TABLE=OUT/stream_table.py runs bench/kernels.py with them)
-    table = "".join(f"    ({r['n']}, {r['k']}, {8 * gc._nt_for(r['m'])}, {view}): {r[key + 'best']!r},\n"
+    table = "".join(f"    {gc.stream_key(r['m'], r['n'], r['k'], view)!r}: {r[key + 'best']!r},\n"
                     for r in rows for view, key in ((False, "w"), (True, "v"))
                     if r[key + "t_best"] < r[key + "t_cur"] / 1.015)
     with open(os.path.join(a.out, "stream_table.py"), "w") as fh:

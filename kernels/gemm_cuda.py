@@ -65,6 +65,11 @@ class StreamConfig:
 # kernel (prepared in session 40, without a GPU) is measured.
 STREAM_TABLE: dict = {}
 
+
+def stream_key(m: int, n: int, k: int, view: bool = False) -> tuple:
+    """STREAM_TABLE's key of a call with m ≤ 32 rows: the M bucket is the 8, 16 or 32 rows of its tile."""
+    return (n, k, 8 * _nt_for(m), view)
+
 WS_NTS = (2, 4, 6, 8, 16)
 
 # (N, K, M bucket) -> WsConfig: where the ws kernel measured at least 3 % faster than the other kernels
@@ -168,7 +173,7 @@ def kernel_for(m: int, n: int, k: int, view: bool = False) -> str | None:
       kernel's speed on its four shapes, at 33–64 1.14–1.64× on the three below 1 M weights, while 3072×576 ran
       1.22–1.43× faster on the ws kernel (2026-12-04-unseen-shapes-h200-s28.md).  (The ops decode + cuBLAS most of
       these calls instead: prefers_decode.)"""
-    if m <= 32 and (n, k, 8 * _nt_for(m), view) in STREAM_TABLE:
+    if m <= 32 and stream_key(m, n, k, view) in STREAM_TABLE:
         return "stream"
     if (n, k, m_bucket(m)) in WS_TABLE:
         return "ws"
@@ -415,7 +420,7 @@ def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig 
     if kind is None:
         raise ValueError(f"no CUDA W12 kernel takes M = {m} rows (they cover M ≤ 128): check gemm_cuda.usable first")
     if kind == "stream":
-        return STREAM_TABLE[(n, k, 8 * _nt_for(m), view)]
+        return STREAM_TABLE[stream_key(m, n, k, view)]
     if kind == "ws":
         return WS_TABLE.get((n, k, m_bucket(m))) or ws_rule_config(m, n, k)
     return pick_config(m, n, k, view)
