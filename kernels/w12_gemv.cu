@@ -1359,9 +1359,10 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
 // The matrix's T = NB·KB records lie in memory row after row (record i = row nb · KB + kb).  CTA p of P takes the
 // records [g0, g1) = [⌊p·T/P⌋, ⌊(p+1)·T/P⌋): one contiguous byte range, streamed record by record into a ring of
 // `stages` slots by warp 8 (the producer): lane 0 copies the record (12 KB; the view its 8 KB of view bytes) with one
-// bulk copy, as ws_produce does, and the 32 lanes copy its X tile — X[0 .. MT), columns 64·kb .. +63, rows ≥ M zero —
-// with 16-byte cp.async in X's own column order, chunk q of row m at q ^ (m & 7) (stream_x_off), all counted on the
-// slot's `full` mbarrier (no reorder kernel: the X tile is read from X as it lies).  Consumer warp w (0–7) takes the
+// bulk copy, as ws_produce does, and the 32 lanes copy its X tile — X[0 .. M), columns 64·kb .. +63 — with 16-byte
+// cp.async in X's own column order, chunk q of row m at q ^ (m & 7) (stream_x_off), all counted on the slot's `full`
+// mbarrier (no reorder kernel: the X tile is read from X as it lies; rows ≥ M are neither copied nor read, the
+// consumers take zeros for them).  Consumer warp w (0–7) takes the
 // channels 16w..16w+15 of every record: the skinny kernel's lane layout, decode4 and mma.sync m16n8k16 (X row 8j + g,
 // columns 16t .. 16t + 15: chunks 2t, 2t + 1 of the row, conflict-free through the swizzle), and releases the slot
 // once its record words and X words are read.  A row's records in one CTA are a segment; at a segment's end
@@ -1382,9 +1383,9 @@ __device__ __forceinline__ int stream_owner(long i, int P, long T) {  // the CTA
 // Byte offset of X row m's 16-byte chunk q (columns 8q .. 8q + 7 of the record) in a slot's X tile.
 __device__ __forceinline__ int stream_x_off(int m, int q) { return m * 128 + ((q ^ (m & 7)) << 4); }
 
-// cp.async of 16 bytes, zero-filled when !ok (src is then not read)
-__device__ __forceinline__ void cp_async16_z(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+// cp.async of 16 bytes that bypasses L1 (.cg: each X chunk is read once per CTA)
+__device__ __forceinline__ void cp_async16_cg(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
 // one arrival on bar once all of this thread's cp.async so far have landed (counted in the barrier's arrivals)
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
@@ -1479,9 +1480,8 @@ __host__ __device__ constexpr int stream_esc_bytes() {  // per warp: entries, th
 }
 
 // Launch bounds: two CTAs per SM (two 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers).  nt = 1 / 2 / 4
-// use 68 / 80 / 96, the last with 16 bytes spilled outside the record loop (its setup and a segment's end); each n-tile's
-// X words are loaded just before its MMAs for that (all of them loaded first, nt = 4 took 118 registers, or spilled
-// 40 bytes at this cap).  The ring depth and the CTAs per SM are the config's (StreamConfig).
+// use 72 / 80 / 96 (the view 72 / 72 / 87), no spills; each n-tile's X words are loaded just before its MMAs for that
+// (all of them loaded first, nt = 4 took 118 registers, or spilled 40 bytes at this cap).  The ring depth and the CTAs per SM are the config's (StreamConfig).
 template <int NT, bool VIEW>
 __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
@@ -1523,10 +1523,9 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
         else
           bulk_g2s(slot + XB, src + (size_t)i * REC, WBYTES, full + s);
       }
-#pragma unroll
-      for (int c = lane; c < MT * 8; c += 32) {  // chunk q of X row m (rows ≥ M zero)
+      for (int c = lane; c < M * 8; c += 32) {  // chunk q of X row m < M (rows ≥ M are never read)
         const int m = c >> 3, q = c & 7;
-        cp_async16_z(saddr(slot + stream_x_off(m, q)), x + (size_t)(m < M ? m : 0) * ldx + kb * 64 + 8 * q, m < M);
+        cp_async16_cg(saddr(slot + stream_x_off(m, q)), x + (size_t)m * ldx + kb * 64 + 8 * q);
       }
       cp_async_arrive(full + s);
       if (++s == stages) {
@@ -1564,8 +1563,9 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
     ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {  // X row 8j + g, columns 16t .. 16t + 7 (xa) and 16t + 8 .. 16t + 15 (xb)
-      const uint4 xa = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t));
-      const uint4 xb = *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t + 1));
+      const bool xok = 8 * j + g < M;  // rows ≥ M: zeros, not in the slot
+      const uint4 xa = xok ? *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t)) : uint4{};
+      const uint4 xb = xok ? *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t + 1)) : uint4{};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint4& q = k < 2 ? xa : xb;
