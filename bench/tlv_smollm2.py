@@ -38,14 +38,20 @@ The 50-prompt suite (one command; --workers processes, one thread each, then the
 """
 
 import argparse
+import datetime
 import json
+import os
 import platform
+import sys
 import time
 import types
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
 
 WORK = Path(__file__).parent / "results" / "tlv-work"
 SETS = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
@@ -468,24 +474,6 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine()
 
 
-def head_commit() -> str:
-    """HEAD's commit read from .git (no git command)."""
-    g = Path(__file__).resolve().parents[1] / ".git"
-    try:
-        h = (g / "HEAD").read_text().strip()
-        if not h.startswith("ref: "):
-            return h
-        ref = h[5:]
-        if (g / ref).exists():
-            return (g / ref).read_text().strip()
-        for line in (g / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    except OSError:
-        pass
-    return "unknown"
-
-
 def suite(workers: int, spec: str, budget: int, max_new: int, limit: int, single_every: int,
           threads: int, report_path: Path | None):
     import os
@@ -541,12 +529,11 @@ def suite_report(path: Path, budget: int):
     tpp = lambda d, key, N=B, rs=None: (t1(R[d] if rs is None else rs)
                                         / sum(passes(r, d, key, N) for r in (R[d] if rs is None else rs)))
     L = [f"# TLV on real text, {n} prompts: SmolLM2-135M-Instruct (W12), CPU", "",
-         f"Date: 2026-11-29. Machine: {cpu_name()}, {__import__('os').cpu_count()} cores shared with other jobs "
+         f"Date: {datetime.date.today()}. Machine: {cpu_name()}, {os.cpu_count()} cores shared with other jobs "
          f"(1-min load average {run_meta.get('loadavg_start', ['?'])[0]} at the start of the last invocation, "
          f"{run_meta.get('loadavg_end', ['?'])[0]} at its end), "
          f"torch {meta['torch']}, {meta['threads']} thread per worker × {run_meta.get('workers', '?')} workers. "
-         f"Commit: HEAD {head_commit()} plus the uncommitted changes of this session (bench/tlv_smollm2.py, "
-         f"bench/tlv_projection.py, tests/test_tlv.py).", "",
+         f"Commit: {commit(short=False)}.", "",
          f"Command: `python bench/tlv_smollm2.py --suite --workers {run_meta.get('workers', 2)} --drafters "
          f"{run_meta.get('drafters', ','.join(meta['drafters']))} --max-new-tokens {meta['max_new_tokens']} --budget {budget} "
          f"--single-every {meta['single_every']} --suite-report {path}`. Wall time: **{sum(r['wall_s'] for r in runs) / 60:.1f} min** "
