@@ -1393,6 +1393,11 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 
 constexpr int STREAM_ECH = 16;  // escape entries per chunk (lanes 0–15 each stage one)
+// Partials of a row that its last-arriving warp loads at once, per n-tile.  A row spans ~KB·P/T + 1 CTAs: up to ~9 on
+// the one-wave shapes (4096² at two CTAs per SM: ~7.8 records per CTA, KB = 64), 2 on the LM heads; loaded one at a
+// time they were that many L2 round trips per n-tile at the kernel's end (session 34's stream-K, w12_gemv_tried.md).
+// 6, not 8: at 8 the nt = 4 build spilled 44 bytes (96-register cap).
+constexpr int STREAM_SUMS = 6;
 
 // One warp's escapes of a segment (tile c = nb·8 + warp, records [ka, kend) of row nb), staged in its shared memory
 // by cp.async (no registers held) in three steps whose loads depend on each other: the offsets (start, registers),
@@ -1607,8 +1612,11 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
       stream_store<NT>(out, y, ldy, N, M, n0c, g, t);
     } else {  // part of a row: partial (CTA p, its first or last row) into ws, then the tile's ticket
       float4* ws4 = reinterpret_cast<float4*>(ws);
+      // Row nb is the first row of each CTA q in plo + 1 .. phi (their ranges start inside it), and of plo when plo's
+      // range starts at the row: partial slot 0 there, else 1 (plo's last row).
+      const bool lo_first = stream_first(plo, P, T) == row0;
       auto part = [&](int q, int jj) {  // CTA q's partial of row nb, n-tile jj, for this warp's lanes
-        const int which = (long)nb == stream_first(q, P, T) / KB ? 0 : 1;
+        const int which = q > plo || lo_first ? 0 : 1;
         return ws4 + ((((size_t)q * 2 + which) * 8 + warp) * NT + jj) * 32 + lane;
       };
 #pragma unroll
@@ -1624,7 +1632,15 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
 #pragma unroll
         for (int jj = 0; jj < NT; ++jj) {
           float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-          for (int q = plo; q <= phi; ++q) add4(a, __ldcg(part(q, jj)));
+          for (int q0 = plo; q0 <= phi; q0 += STREAM_SUMS) {  // STREAM_SUMS loads in flight, then added in order
+            float4 v[STREAM_SUMS];
+#pragma unroll
+            for (int u = 0; u < STREAM_SUMS; ++u)
+              if (q0 + u <= phi) v[u] = __ldcg(part(q0 + u, jj));
+#pragma unroll
+            for (int u = 0; u < STREAM_SUMS; ++u)
+              if (q0 + u <= phi) add4(a, v[u]);
+          }
           sum[jj][0] = a.x, sum[jj][1] = a.y, sum[jj][2] = a.z, sum[jj][3] = a.w;
         }
         if (lane == 0) tickets[nb * 8 + warp] = 0;
