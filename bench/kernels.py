@@ -378,7 +378,9 @@ def main():
                  gc.CudaConfig(1, 4, 1), gc.CudaConfig(1, 8, 1, 4), gc.CudaConfig(2, 4, 1, 2), gc.CudaConfig(8, 8, 1, 3),
                  gc.CudaConfig(1, 4, 1, 1, 100), gc.CudaConfig(1, 8, 2, 2, 50),
                  gc.WsConfig(2), gc.WsConfig(4, 3), gc.WsConfig(8, 2), gc.WsConfig(16), gc.WsConfig(16, 2))
-        streams = ((gc.StreamConfig(2, 4), 8), (gc.StreamConfig(2, 3, True), 16), (gc.StreamConfig(1, 5), 32))
+        # the stream kernel where a table dispatches it (bench/stream_kernel.py checks it in a child process first)
+        streams = ((gc.StreamConfig(2, 4), 8), (gc.StreamConfig(2, 3, True), 16), (gc.StreamConfig(1, 5), 32),
+                   (gc.StreamConfig(3, 4, warps=4), 8), (gc.StreamConfig(2, 4, warps=4), 32)) if gc.STREAM_TABLE else ()
         for cfg, mm in [(c, 8 * c.nt) for c in tiled] + list(streams):  # mm: X rows per call
             for j in range(0, k, mm):
                 xe = eye[j:j + mm].contiguous()
@@ -554,7 +556,8 @@ def main():
                 c = f"cuda-ws {cc.nt}/{cc.split}" + (f" tail {cc.tail}" if cc.tail > 1 else "")
             elif kind == "stream":
                 cc = gc.dispatched_config(m, n, k)
-                c = f"cuda-stream {cc.ctas_per_sm}/{cc.stages}" + (" ef" if cc.evict_first else "")
+                c = (f"cuda-stream {cc.ctas_per_sm}/{cc.stages}" + (f" w{cc.warps}" if cc.warps != 8 else "")
+                     + (" ef" if cc.evict_first else ""))
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,

@@ -1,17 +1,18 @@
 """The stream kernel (w12_gemv.cu's w12_stream_kernel) against the dispatched kernels at M ≤ 32. One GPU call.
 
     W12_CUDA=1 python bench/stream_kernel.py [--ms 1,32] [--out OUT]
-    W12_CUDA=1 python bench/stream_kernel.py --check        # the correctness part alone (the main run starts it first)
+    W12_CUDA=1 python bench/stream_kernel.py --check 8      # the correctness part alone, 8 or 4 consumer warps
 
 At one row the skinny kernel streams the LM heads at ~4.1 TB/s, while a bare ring of bulk copies at two CTAs per SM
 streams the same bytes at ~4.3 (bench/tma_stream.py --shapes, 2026-12-04-tma-stream-shapes-h200-s32.md). The stream
 kernel is that ring with the decode and the MMAs: each CTA streams one contiguous range of records and their X tiles
 (rows split between CTAs are added in a fixed order); at 32 rows it also does without the ws kernel's X reorder
-kernel, escape prologue and split-K epilogue. First, in a child process with a time limit (a wrong ring phase hangs,
-it does not fail): small matrices with many escapes (more than one chunk of 16 per segment), more CTAs than records,
-N not a multiple of 128, M = 1, 3, 8, 13 and 32, W12 and the view, each config checked against the reference (decode +
-fp32 matmul) and bit-equal over three runs. Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs
-(CTAs per SM, ring stages, L2 evict_first on the record copies), each checked against the reference and bit-equal
+kernel, escape prologue and split-K epilogue. First, for 8 and for 4 consumer warps, each in a child process with a
+time limit (a wrong ring phase hangs, it does not fail; a count that fails is not timed): small matrices with many
+escapes (more than one chunk of 16 per segment), more CTAs than records, N not a multiple of 128, M = 1, 3, 8, 13 and
+32, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal over three runs.
+Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs (CTAs per SM, ring
+stages, L2 evict_first on the record copies, 8 or 4 consumer warps), each checked against the reference and bit-equal
 over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
 best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and
 OUT/stream_table.py (the entries where the stream kernel is ≥ 1.5 % faster, for gemm_cuda.STREAM_TABLE;
@@ -19,6 +20,7 @@ OUT/stream_table.py (the entries where the stream kernel is ≥ 1.5 % faster, fo
 """
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -37,14 +39,22 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 SC = gc.StreamConfig
 
 
-def cands(m, view):
-    """The stream configs timed at M = m (above 16 rows a slot holds a 4 KB X tile: two CTAs per SM up to 5 stages)."""
-    if m > 16:
-        return [SC(c, s, ef) for c, s in (((1, 12), (2, 6), (2, 8)) if view else ((1, 8), (1, 12), (2, 4), (2, 5)))
-                for ef in (False, True)]
-    if view:
-        return [SC(2, s, ef) for s in (6, 8) for ef in (False, True)]
-    return [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]
+def cands(m, view, warps=(8, 4)):
+    """The stream configs timed at M = m (above 16 rows a slot holds a 4 KB X tile: two CTAs per SM up to 5 stages),
+    with 8 consumer warps and with 4 (32 channels each: half the X reads; up to three CTAs per SM at M ≤ 16)."""
+    out = []
+    if 8 in warps:
+        if m > 16:
+            out += [SC(c, s, ef) for c, s in (((1, 12), (2, 6), (2, 8)) if view else ((1, 8), (1, 12), (2, 4), (2, 5)))
+                    for ef in (False, True)]
+        elif view:
+            out += [SC(2, s, ef) for s in (6, 8) for ef in (False, True)]
+        else:
+            out += [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]
+    if 4 in warps:
+        cs = ((2, 5), (2, 4), (1, 10)) if m > 16 and not view else ((2, 6), (1, 12)) if m > 16 else ((3, 5), (2, 8))
+        out += [SC(c, s, ef, warps=4) for c, s in cs for ef in (False, True)]
+    return out
 
 
 def same_bits(a, b):
@@ -60,7 +70,8 @@ def checked(mt, x, ref, cfg, view):
     return err
 
 
-def check():
+def check(warps):
+    """The configs with `warps` consumer warps against the reference (a hang here is caught by the parent's limit)."""
     torch.manual_seed(0)
     cases = []
     for n, k, every in ((300, 1024, 997), (1000, 4096, 97), (4096, 4096, 4099)):
@@ -68,7 +79,7 @@ def check():
         w.view(-1)[::every] = 100.0  # out-of-window weights: the small ones of those channels become escapes
         mt, _ = mat_of(w)
         cases.append(mt)
-    cfgs = [SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3), SC(1, 12)]
+    cfgs = [dataclasses.replace(c, warps=warps) for c in (SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3), SC(1, 12))]
     for mt in cases:
         wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, mt.n, mt.k, view=True)
         for m in (1, 3, 8, 13, 32):
@@ -77,20 +88,38 @@ def check():
             for cfg in cfgs:
                 e = checked(mt, x, ref, cfg, False)
                 ev = checked(mt, x, refv, cfg, True)
-            print(f"check {mt.n}x{mt.k} ({mt.nnz} escapes) M={m}: ok (last rel. error W12 {e:.1e}, view {ev:.1e})",
-                  flush=True)
+            print(f"check {warps} warps {mt.n}x{mt.k} ({mt.nnz} escapes) M={m}: ok (last rel. error W12 {e:.1e}, "
+                  f"view {ev:.1e})", flush=True)
     print("CHECK OK")
+
+
+def checked_warps():
+    """Each consumer-warp count's check in its own child process with a time limit: (the counts that passed, the
+    children's output). A failed count is left out of the timing; the other is still timed."""
+    ok, texts = [], []
+    for warps in (8, 4):
+        try:
+            out = subprocess.run([sys.executable, __file__, "--check", str(warps)], capture_output=True, text=True,
+                                 timeout=240)
+            text, good = out.stdout + out.stderr, out.returncode == 0 and "CHECK OK" in out.stdout
+        except subprocess.TimeoutExpired as e:
+            text, good = f"timed out after 240 s (a hang):\n{e.stdout or ''}", False
+        texts.append(f"{warps} warps: " + ("passed" if good else "FAILED") + "\n" + text[-3000:])
+        if good:
+            ok.append(warps)
+    return ok, "\n".join(texts)
 
 
 def name(c):
     if isinstance(c, SC):
-        return f"stream {c.ctas_per_sm}/{c.stages}" + (" ef" if c.evict_first else "")
+        return (f"stream {c.ctas_per_sm}/{c.stages}" + (f" w{c.warps}" if c.warps != 8 else "")
+                + (" ef" if c.evict_first else ""))
     if isinstance(c, gc.WsConfig):
         return f"ws {c.nt}/{c.split}"
     return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split} l2 {c.l2}"
 
 
-def shape_rows(si, n, k, ms):
+def shape_rows(si, n, k, ms, warps):
     """One row per m of ms: cuBLAS, and for W12 and the view the dispatched config and the best stream config."""
     mt = Mat(n, k, 300 + si)
     wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, n, k, view=True)
@@ -100,7 +129,7 @@ def shape_rows(si, n, k, ms):
         ref, refv = x.float() @ mt.w.float().t(), x.float() @ wv.float().t()
         row = dict(n=n, k=k, m=m, cb=bench(lambda: torch.matmul(x, mt.w.t())))
         for view, r in ((False, ref), (True, refv)):
-            cur, cs = gc.dispatched_config(m, n, k, view), cands(m, view)
+            cur, cs = gc.dispatched_config(m, n, k, view), cands(m, view, warps)
             errs = {c: checked(mt, x, r, c, view) for c in [cur] + cs}
             fn = lambda c: (lambda: mt.run(x, view=view, cuda=c))  # noqa: E731
             first = {c: bench(fn(c), rep=20) for c in cs}
@@ -128,27 +157,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--ms", default="1", help="rows of X, comma-separated, each ≤ 32 (default 1)")
-    ap.add_argument("--check", action="store_true", help="run the correctness part only")
+    ap.add_argument("--check", type=int, choices=(8, 4), metavar="WARPS",
+                    help="run the correctness part only, for the configs with 8 or 4 consumer warps")
     a = ap.parse_args()
     if a.check:
-        check()
+        check(a.check)
         return
-    try:
-        out = subprocess.run([sys.executable, __file__, "--check"], capture_output=True, text=True, timeout=240)
-        text, ok = out.stdout + out.stderr, out.returncode == 0 and "CHECK OK" in out.stdout
-    except subprocess.TimeoutExpired as e:
-        text, ok = f"timed out after 240 s (a hang):\n{e.stdout or ''}", False
-    print(text[-4000:], flush=True)
-    if not ok:
-        sys.exit("the stream kernel's check failed: nothing timed")
+    warps, text = checked_warps()
+    print(text, flush=True)
+    if not warps:
+        sys.exit("the stream kernel's checks failed: nothing timed")
     ms = [int(v) for v in a.ms.split(",")]
     assert all(1 <= m <= 32 for m in ms), "--ms: rows of X from 1 to 32"
-    rows = [r for si, (n, k) in enumerate(SHAPES) for r in shape_rows(si, n, k, ms)]
+    rows = [r for si, (n, k) in enumerate(SHAPES) for r in shape_rows(si, n, k, ms, warps)]
     lines = [f"# The stream kernel against the dispatched kernels — {datetime.date.today()}", "",
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
              f"- command: `W12_CUDA=1 python bench/stream_kernel.py --ms {a.ms} --out $OUT`",
-             "- checks (child process): " + text.strip().splitlines()[-2] + "; every config below within 1e-2 of the "
-             "reference and bit-equal over three runs",
+             f"- checks (a child process per consumer-warp count): passed with {', '.join(map(str, warps))} warps"
+             + ("" if len(warps) == 2 else " (the other FAILED: not timed)") + "; every config below within 1e-2 of "
+             "the reference and bit-equal over three runs",
              "- µs: CUDA graph replay, do_bench (zeroing flush), median of three interleaved rounds (the dispatched config "
              "and the best three of one round); ratio = cuBLAS / kernel", ""]
     for m in ms:

@@ -58,6 +58,7 @@ class StreamConfig:
     ctas_per_sm: int = 2
     stages: int = 6
     evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)
+    warps: int = 8  # consumer warps: 8 of 16 channels each, or 4 of 32 (half the X tile's shared-memory reads)
 
 
 # (N, K, M bucket 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured faster than the kernel that took
@@ -498,7 +499,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         ws = torch.empty(ctas * 2 * 8 * 128 * _nt_for(m), dtype=torch.float32, device=x.device)  # partial rows' sums
         err = library().w12_stream(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb, int(view),
-            ctas, cfg.stages, _p(ws), _p(_tickets(x.device, nb * 8)), stream, int(cfg.evict_first))
+            ctas, cfg.stages, cfg.warps, _p(ws), _p(_tickets(x.device, nb * 8)), stream, int(cfg.evict_first))
     elif isinstance(cfg, WsConfig):
         mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
         # no partials in global memory for a cluster pair (it adds them in shared memory)

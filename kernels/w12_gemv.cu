@@ -1399,44 +1399,57 @@ constexpr int STREAM_ECH = 16;  // escape entries per chunk (lanes 0–15 each s
 // 6, not 8: at 8 the nt = 4 build spilled 44 bytes (96-register cap).
 constexpr int STREAM_SUMS = 6;
 
-// One warp's escapes of a segment (tile c = nb·8 + warp, records [ka, kend) of row nb), staged in its shared memory
-// by cp.async (no registers held) in three steps whose loads depend on each other: the offsets (start, registers),
-// the entries of a chunk (entries), their columns' X words for rows m < M (xwords).
+// One 16-channel tile's escapes of a segment (tile c = nb·8 + tile, records [ka, kend) of row nb), staged in its
+// warp's shared memory by cp.async (no registers held) in three steps whose loads depend on each other: the offsets
+// (start, registers), the entries of a chunk (entries), their columns' X words for rows m < M (xwords, issued once
+// the entries are in: the caller waits for them).
 template <int MT>
 struct StreamEsc {
   int e_lo, e_hi;  // the segment's entries: tent[e_lo .. e_hi)
-  uint2* ent;      // [STREAM_ECH] the chunk's entries
-  uint32_t* xw;    // [STREAM_ECH][MT] the X word (two columns) holding x[m, col] of each
+  uint8_t* at;     // the staging: ent, xw, d
 
+  static constexpr int BYTES = STREAM_ECH * (8 + 4 * MT + 4);  // the staging of one tile
+  // [STREAM_ECH] the chunk's entries; [STREAM_ECH][MT] the X word (two columns) holding x[m, col] of each; [STREAM_ECH]
+  // w − w_code of each (derived from `at` where used: a warp holds H of these across its record loop)
+  __device__ __forceinline__ uint2* ent() const { return reinterpret_cast<uint2*>(at); }
+  __device__ __forceinline__ uint32_t* xw() const { return reinterpret_cast<uint32_t*>(at + 8 * STREAM_ECH); }
+  __device__ __forceinline__ float* d() const { return reinterpret_cast<float*>(at + (8 + 4 * MT) * STREAM_ECH); }
   __device__ __forceinline__ void start(const int32_t* toff, int c, int KB, int ka, int kend) {
     e_lo = __ldg(toff + (long)c * KB + ka);
     e_hi = __ldg(toff + (long)c * KB + kend);
   }
   __device__ __forceinline__ void entries(const int32_t* tent, int base, int lane) {
-    if (lane < STREAM_ECH && base + lane < e_hi) cp_async8(ent + lane, tent + 2 * (long)(base + lane));
+    if (lane < STREAM_ECH && base + lane < e_hi) cp_async8(ent() + lane, tent + 2 * (long)(base + lane));
   }
   __device__ __forceinline__ void xwords(const __nv_bfloat16* x, int ldx, int M, int base, int lane) {
-    cp_async_wait_all();
-    __syncwarp();  // the chunk's entries are in
     const int n = min(STREAM_ECH, e_hi - base);
     for (int i = lane; i < n * M; i += 32) {  // (entry e, row m): consecutive lanes, consecutive entries
       const int e = i % n, m = i / n;
-      cp_async4(xw + e * MT + m, x + (size_t)m * ldx + (ent[e].x & 0xFFFFFEu));
+      cp_async4(xw() + e * MT + m, x + (size_t)m * ldx + (ent()[e].x & 0xFFFFFEu));
     }
   }
 };
 
-// The escapes of one chunk of ≤ STREAM_ECH entries (ent, xw complete) onto the warp's outputs (out: the m16n8 D
+// Every cp.async of the warp's lanes so far has landed and is visible to the whole warp.
+__device__ __forceinline__ void warp_copies_in() {
+  cp_async_wait_all();
+  __syncwarp();
+}
+
+// The escapes of one chunk of ≤ STREAM_ECH entries (ent, xw complete) onto a tile's outputs (out: the m16n8 D
 // layout per n-tile j, channels g, g + 8 of its 16 and X rows 8j + 2t, +1): each output adds its channel's entries in
-// list order.  Eg, Eg8: the exponents of channels g, g + 8; s_d: the warp's [STREAM_ECH] w − w_code.
+// list order.  Eg, Eg8: the exponents of channels g, g + 8.
 template <int NT>
 __device__ __forceinline__ void stream_escape_chunk(float (&out)[NT][4], const StreamEsc<8 * NT>& e, int base, int Eg,
-                                                    int Eg8, float* s_d, int M, int g, int t, int lane) {
+                                                    int Eg8, int M, int g, int t, int lane) {
   constexpr int MT = 8 * NT;
   const int n = min(STREAM_ECH, e.e_hi - base);
-  const int er = lane < n ? (int)(e.ent[lane].x >> 24) : -1;
+  const uint2* ent = e.ent();
+  const uint32_t* xw = e.xw();
+  float* d = e.d();
+  const int er = lane < n ? (int)(ent[lane].x >> 24) : -1;
   const int ea = __shfl_sync(0xffffffffu, Eg, (er & 7) * 4), eb = __shfl_sync(0xffffffffu, Eg8, (er & 7) * 4);
-  if (lane < n) s_d[lane] = esc_delta(e.ent[lane].y, er >= 8 ? eb : ea);
+  if (lane < n) d[lane] = esc_delta(ent[lane].y, er >= 8 ? eb : ea);
   uint32_t mine[2] = {0u, 0u};  // bit e: entry base + e belongs to channel g (mine[0]) or g + 8 (mine[1])
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
@@ -1444,7 +1457,7 @@ __device__ __forceinline__ void stream_escape_chunk(float (&out)[NT][4], const S
     if (r == g) mine[0] = bm;
     if (r == g + 8) mine[1] = bm;
   }
-  __syncwarp();  // s_d complete (and every lane's X word copies waited for by xwords' caller)
+  __syncwarp();  // d complete (and every lane's X word copies waited for by the caller)
 #pragma unroll
   for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -1455,14 +1468,14 @@ __device__ __forceinline__ void stream_escape_chunk(float (&out)[NT][4], const S
         if (m < M)
           for (uint32_t bm = mine[h]; bm; bm &= bm - 1) {
             const int q = __ffs(bm) - 1;
-            const uint32_t w = e.xw[q * MT + m] >> (16 * (e.ent[q].x & 1u));
-            out[j][2 * h + b] = fmaf(__bfloat162float(__ushort_as_bfloat16((uint16_t)w)), s_d[q], out[j][2 * h + b]);
+            const uint32_t w = xw[q * MT + m] >> (16 * (ent[q].x & 1u));
+            out[j][2 * h + b] = fmaf(__bfloat162float(__ushort_as_bfloat16((uint16_t)w)), d[q], out[j][2 * h + b]);
           }
       }
   __syncwarp();  // read before the next chunk overwrites the staging
 }
 
-// A warp's outputs (the D layout above) of row nb, channels n0 + …, into y.
+// A tile's outputs (the D layout above) of row nb, channels n0 + …, into y.
 template <int NT>
 __device__ __forceinline__ void stream_store(const float (&out)[NT][4], __nv_bfloat16* y, int ldy, int N, int M, int n0,
                                              int g, int t) {
@@ -1479,27 +1492,33 @@ template <int NT, bool VIEW>
 __host__ __device__ constexpr int stream_slot() {  // X tile, then the record's bytes
   return 8 * NT * 128 + (VIEW ? VIEW_BYTES : REC);
 }
-template <int NT, bool VIEW>
-__host__ __device__ constexpr int stream_esc_bytes() {  // per warp: entries, their X words, w − w_code
-  return VIEW ? 0 : STREAM_ECH * (8 + 4 * 8 * NT + 4);
-}
 
-// Launch bounds: two CTAs per SM (two 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers).  nt = 1 / 2 / 4
-// use 72 / 80 / 96 (the view 72 / 72 / 87), no spills; each n-tile's X words are loaded just before its MMAs for that
-// (all of them loaded first, nt = 4 took 118 registers, or spilled 40 bytes at this cap).  The ring depth and the CTAs per SM are the config's (StreamConfig).
-template <int NT, bool VIEW>
-__global__ void __launch_bounds__(288, 2) w12_stream_kernel(
+// W consumer warps (8: 16 channels each, two CTAs per SM; 4: 32 channels each, up to three CTAs per SM).  With 8, two
+// 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers, which nt = 1 / 2 / 4 fill (92 / 96 / 96, the view
+// 79 / 83 / 96) without spills; each n-tile's X words are loaded just before its MMAs for that (all of them loaded
+// first, nt = 4 took 118 registers, or spilled 40 bytes at this cap).  With 4, a warp runs both of its tiles' MMAs on
+// each X word it loads: half the X tile's shared-memory reads per record (at 32 rows they are 32 of a record's ~60 KB
+// of shared-memory traffic with 8 warps), with the CTA's four warps in the place of eight.
+template <int W>
+__host__ __device__ constexpr int stream_threads() { return 32 * (W + 1); }
+template <int NT, int W>
+__host__ __device__ constexpr int stream_min_ctas() { return W == 8 || NT == 4 ? 2 : 3; }
+
+// The ring depth and the CTAs per SM are the config's (StreamConfig).
+template <int NT, bool VIEW, int W>
+__global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>()) w12_stream_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, long T, float* __restrict__ ws, int* __restrict__ tickets,
     int stages, int wfirst) {
-  constexpr int MT = 8 * NT, XB = MT * 128, SLOT = stream_slot<NT, VIEW>();
+  static_assert(W == 8 || W == 4, "8 or 4 consumer warps");
+  constexpr int MT = 8 * NT, XB = MT * 128, SLOT = stream_slot<NT, VIEW>(), H = 8 / W;  // H: tiles per warp
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* ring = smem_raw + ((128 - (__cvta_generic_to_shared(smem_raw) & 127)) & 127);  // [stages][SLOT]
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)stages * SLOT);             // [stages]
   uint64_t* empty = full + stages;                                                           // [stages]
-  uint8_t* s_esc = reinterpret_cast<uint8_t*>(empty + stages);                               // (W12) [8][esc bytes]
+  uint8_t* s_esc = reinterpret_cast<uint8_t*>(empty + stages);                               // (W12) [8 tiles][BYTES]
   const int P = gridDim.x, p = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long g0 = stream_first(p, P, T), g1 = stream_first(p + 1, P, T);
   const int n = (int)(g1 - g0);
@@ -1507,12 +1526,12 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, 33);  // the producer's lane 0 (expect_tx, the record's bulk copy) + its 32 lanes' X copies
-      mbar_init(empty + s, 8);
+      mbar_init(empty + s, W);
     }
     mbar_init_fence();
   }
   __syncthreads();
-  if (warp == 8) {  // ---- producer: the CTA's records, in memory order, and their X tiles into the ring
+  if (warp == W) {  // ---- producer: the CTA's records, in memory order, and their X tiles into the ring
     uint64_t first;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
     const uint8_t* src = rec + (size_t)g0 * REC;
@@ -1542,40 +1561,53 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
     cp_async_wait_all();  // no copy outlives its thread
     return;
   }
-  // ---- consumers
-  const int g = lane >> 2, t = lane & 3;
-  const int v0 = XB + (16 * warp + g) * 64 + 16 * t, v1 = v0 + 8 * 64;
-  const int n0 = XB + VIEW_BYTES + (16 * warp + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  // ---- consumers: warp w takes the tiles H·w .. H·w + H − 1 of every record (tile u: channels 16u .. 16u + 15)
+  const int g = lane >> 2, t = lane & 3, u0 = H * warp;
+  const int v0 = XB + (16 * u0 + g) * 64 + 16 * t, v1 = v0 + 8 * 64;  // tile u0 + h: + h · 16 · 64
+  const int n0 = XB + VIEW_BYTES + (16 * u0 + g) * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;  // + h · 16 · 32
   const uint32_t nkeep = nib_keep(t);
-  StreamEsc<MT> esc;
-  esc.ent = reinterpret_cast<uint2*>(s_esc + warp * stream_esc_bytes<NT, VIEW>());
-  esc.xw = reinterpret_cast<uint32_t*>(esc.ent + STREAM_ECH);
-  float* s_d = reinterpret_cast<float*>(esc.xw + STREAM_ECH * MT);
+  StreamEsc<MT> esc[H];
+#pragma unroll
+  for (int h = 0; h < H; ++h) esc[h].at = s_esc + (u0 + h) * StreamEsc<MT>::BYTES;
   int nb = (int)(g0 / KB), kb = (int)(g0 % KB), ka = kb;
   auto seg_end = [&](int row) { return (int)min((long)KB, g1 - (long)row * KB); };  // kend of row's segment
-  int Eg = __ldg(expo + nb * 128 + 16 * warp + g), Eg8 = __ldg(expo + nb * 128 + 16 * warp + g + 8);
-  if (!VIEW) esc.start(toff, nb * 8 + warp, KB, ka, seg_end(nb));
-  int step = 0;  // escape steps done for the segment's first chunk: 1 = entries, 2 = their X words
-  float acc[NT][4];
+  int Eg[H], Eg8[H];  // the exponents of channels g, g + 8 of each tile
+  auto row_start = [&]() {  // the exponents and escape offsets of row nb's segment, records [ka, seg_end(nb))
 #pragma unroll
-  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int h = 0; h < H; ++h) {
+      Eg[h] = __ldg(expo + nb * 128 + 16 * (u0 + h) + g), Eg8[h] = __ldg(expo + nb * 128 + 16 * (u0 + h) + g + 8);
+      if (!VIEW) esc[h].start(toff, nb * 8 + u0 + h, KB, ka, seg_end(nb));
+    }
+  };
+  row_start();
+  int step = 0;  // escape steps done for the segment's first chunks: 1 = entries, 2 = their X words
+  float acc[H][NT][4];
+#pragma unroll
+  for (int h = 0; h < H; ++h)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.f;
   int s = 0;
   uint32_t ph = 0;
   for (int i = 0; i < n; ++i) {
     mbar_wait(full + s, ph);
     const uint8_t* slot = ring + (size_t)s * SLOT;
-    uint32_t fa[4][4];
-    ws_decode<VIEW>(slot, v0, v1, n0, n1, nkeep, fa);
+    uint32_t fa[H][4][4];
+#pragma unroll
+    for (int h = 0; h < H; ++h) ws_decode<VIEW>(slot, v0 + h * 1024, v1 + h * 1024, n0 + h * 512, n1 + h * 512, nkeep,
+                                                fa[h]);
 #pragma unroll
     for (int j = 0; j < NT; ++j) {  // X row 8j + g, columns 16t .. 16t + 7 (xa) and 16t + 8 .. 16t + 15 (xb)
       const bool xok = 8 * j + g < M;  // rows ≥ M: zeros, not in the slot
       const uint4 xa = xok ? *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t)) : uint4{};
       const uint4 xb = xok ? *reinterpret_cast<const uint4*>(slot + stream_x_off(8 * j + g, 2 * t + 1)) : uint4{};
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint4& q = k < 2 ? xa : xb;
-        mma16816(acc[j], fa[k][0], fa[k][1], fa[k][2], fa[k][3], word(q, 2 * (k & 1)), word(q, 2 * (k & 1) + 1));
-      }
+      for (int h = 0; h < H; ++h)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint4& q = k < 2 ? xa : xb;
+          mma16816(acc[h][j], fa[h][k][0], fa[h][k][1], fa[h][k][2], fa[h][k][3], word(q, 2 * (k & 1)),
+                   word(q, 2 * (k & 1) + 1));
+        }
     }
     __syncwarp();  // every lane's words are read: the slot is free
     if (lane == 0) mbar_arrive(empty + s);
@@ -1583,84 +1615,109 @@ __global__ void __launch_bounds__(288, 2) w12_stream_kernel(
     const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
     const int seen = kb - ka;                     // records of the segment before this one
     if (!VIEW && !last) {  // the escape steps two records apart, each load's latency under the records' stream
-      if (seen == 1 && step == 0) esc.entries(tent, esc.e_lo, lane), step = 1;
-      if (seen == 3 && step == 1) esc.xwords(x, ldx, M, esc.e_lo, lane), step = 2;
+      if (seen == 1 && step == 0) {
+#pragma unroll
+        for (int h = 0; h < H; ++h) esc[h].entries(tent, esc[h].e_lo, lane);
+        step = 1;
+      }
+      if (seen == 3 && step == 1) {
+        warp_copies_in();  // the entries
+#pragma unroll
+        for (int h = 0; h < H; ++h) esc[h].xwords(x, ldx, M, esc[h].e_lo, lane);
+        step = 2;
+      }
     }
     if (!last) {
       ++kb;
       continue;
     }
     // ---- the segment of row nb ends here: records [ka, kb] of it
-    float out[NT][4];
-    const float s0 = __int_as_float(Eg << 23), s1 = __int_as_float(Eg8 << 23);  // 2^(E_n − 127), exact
+    float out[H][NT][4];
 #pragma unroll
-    for (int jj = 0; jj < NT; ++jj)
-      out[jj][0] = acc[jj][0] * s0, out[jj][1] = acc[jj][1] * s0, out[jj][2] = acc[jj][2] * s1,
-      out[jj][3] = acc[jj][3] * s1;
+    for (int h = 0; h < H; ++h) {
+      const float s0 = __int_as_float(Eg[h] << 23), s1 = __int_as_float(Eg8[h] << 23);  // 2^(E_n − 127), exact
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj)
+        out[h][jj][0] = acc[h][jj][0] * s0, out[h][jj][1] = acc[h][jj][1] * s0, out[h][jj][2] = acc[h][jj][2] * s1,
+        out[h][jj][3] = acc[h][jj][3] * s1;
+    }
     if (!VIEW) {
-      for (int base = esc.e_lo; base < esc.e_hi; base += STREAM_ECH) {
-        if (base != esc.e_lo || step < 1) esc.entries(tent, base, lane);
-        if (base != esc.e_lo || step < 2) esc.xwords(x, ldx, M, base, lane);
-        cp_async_wait_all();
-        stream_escape_chunk<NT>(out, esc, base, Eg, Eg8, s_d, M, g, t, lane);
-      }
+#pragma unroll
+      for (int h = 0; h < H; ++h)
+        for (int base = esc[h].e_lo; base < esc[h].e_hi; base += STREAM_ECH) {
+          const bool staged = base == esc[h].e_lo;  // the first chunk: step says what was staged while streaming
+          if (!staged || step < 1) esc[h].entries(tent, base, lane);
+          if (!staged || step < 2) {
+            warp_copies_in();
+            esc[h].xwords(x, ldx, M, base, lane);
+          }
+          warp_copies_in();
+          stream_escape_chunk<NT>(out[h], esc[h], base, Eg[h], Eg8[h], M, g, t, lane);
+        }
     }
     const long row0 = (long)nb * KB;
     const int plo = stream_owner(row0, P, T), phi = stream_owner(row0 + KB - 1, P, T);
-    const int n0c = nb * 128 + 16 * warp;
     if (plo == phi) {
-      stream_store<NT>(out, y, ldy, N, M, n0c, g, t);
-    } else {  // part of a row: partial (CTA p, its first or last row) into ws, then the tile's ticket
+#pragma unroll
+      for (int h = 0; h < H; ++h) stream_store<NT>(out[h], y, ldy, N, M, nb * 128 + 16 * (u0 + h), g, t);
+    } else {  // part of a row: partial (CTA p, its first or last row) into ws, then the warp's ticket for the row
       float4* ws4 = reinterpret_cast<float4*>(ws);
       // Row nb is the first row of each CTA q in plo + 1 .. phi (their ranges start inside it), and of plo when plo's
       // range starts at the row: partial slot 0 there, else 1 (plo's last row).
       const bool lo_first = stream_first(plo, P, T) == row0;
-      auto part = [&](int q, int jj) {  // CTA q's partial of row nb, n-tile jj, for this warp's lanes
+      auto part = [&](int q, int h, int jj) {  // CTA q's partial of row nb, tile u0 + h, n-tile jj, for this lane
         const int which = q > plo || lo_first ? 0 : 1;
-        return ws4 + ((((size_t)q * 2 + which) * 8 + warp) * NT + jj) * 32 + lane;
+        return ws4 + (((((size_t)q * 2 + which) * 8 + u0 + h) * NT + jj) * 32 + lane);
       };
 #pragma unroll
-      for (int jj = 0; jj < NT; ++jj) __stcg(part(p, jj), make_float4(out[jj][0], out[jj][1], out[jj][2], out[jj][3]));
+      for (int h = 0; h < H; ++h)
+#pragma unroll
+        for (int jj = 0; jj < NT; ++jj)
+          __stcg(part(p, h, jj), make_float4(out[h][jj][0], out[h][jj][1], out[h][jj][2], out[h][jj][3]));
       __threadfence();
       __syncwarp();
       int tk = 0;
-      if (lane == 0) tk = atomicAdd(tickets + nb * 8 + warp, 1);
+      if (lane == 0) tk = atomicAdd(tickets + nb * 8 + u0, 1);
       tk = __shfl_sync(0xffffffffu, tk, 0);
       if (tk == phi - plo) {  // the last of the row's segments to arrive: add them in CTA order
         __threadfence();
-        float sum[NT][4];
 #pragma unroll
-        for (int jj = 0; jj < NT; ++jj) {
-          float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-          for (int q0 = plo; q0 <= phi; q0 += STREAM_SUMS) {  // STREAM_SUMS loads in flight, then added in order
-            float4 v[STREAM_SUMS];
+        for (int h = 0; h < H; ++h) {
+          float sum[NT][4];
 #pragma unroll
-            for (int u = 0; u < STREAM_SUMS; ++u)
-              if (q0 + u <= phi) v[u] = __ldcg(part(q0 + u, jj));
+          for (int jj = 0; jj < NT; ++jj) {
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int q0 = plo; q0 <= phi; q0 += STREAM_SUMS) {  // STREAM_SUMS loads in flight, then added in order
+              float4 v[STREAM_SUMS];
 #pragma unroll
-            for (int u = 0; u < STREAM_SUMS; ++u)
-              if (q0 + u <= phi) add4(a, v[u]);
+              for (int k = 0; k < STREAM_SUMS; ++k)
+                if (q0 + k <= phi) v[k] = __ldcg(part(q0 + k, h, jj));
+#pragma unroll
+              for (int k = 0; k < STREAM_SUMS; ++k)
+                if (q0 + k <= phi) add4(a, v[k]);
+            }
+            sum[jj][0] = a.x, sum[jj][1] = a.y, sum[jj][2] = a.z, sum[jj][3] = a.w;
           }
-          sum[jj][0] = a.x, sum[jj][1] = a.y, sum[jj][2] = a.z, sum[jj][3] = a.w;
+          stream_store<NT>(sum, y, ldy, N, M, nb * 128 + 16 * (u0 + h), g, t);
         }
-        if (lane == 0) tickets[nb * 8 + warp] = 0;
-        stream_store<NT>(sum, y, ldy, N, M, n0c, g, t);
+        if (lane == 0) tickets[nb * 8 + u0] = 0;
       }
     }
     if (i + 1 == n) break;
     // ---- the next row's segment
     ++nb, kb = 0, ka = 0, step = 0;
 #pragma unroll
-    for (int jj = 0; jj < NT; ++jj) acc[jj][0] = acc[jj][1] = acc[jj][2] = acc[jj][3] = 0.f;
-    Eg = __ldg(expo + nb * 128 + 16 * warp + g), Eg8 = __ldg(expo + nb * 128 + 16 * warp + g + 8);
-    if (!VIEW) esc.start(toff, nb * 8 + warp, KB, 0, seg_end(nb));
+    for (int h = 0; h < H; ++h)
+#pragma unroll
+      for (int jj = 0; jj < NT; ++jj) acc[h][jj][0] = acc[h][jj][1] = acc[h][jj][2] = acc[h][jj][3] = 0.f;
+    row_start();
   }
 }
 
-// ring, barriers and (W12) the warps' escape staging
+// ring, barriers and (W12) the 8 tiles' escape staging
 template <int NT, bool VIEW>
 size_t stream_smem(int stages) {
-  return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + 8 * stream_esc_bytes<NT, VIEW>();
+  return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + (VIEW ? 0 : 8 * StreamEsc<8 * NT>::BYTES);
 }
 
 // Raises a kernel's dynamic shared-memory limit to smem the first time a launch needs more (set: its limit so far).
@@ -1672,16 +1729,16 @@ cudaError_t raise_smem(Kern kern, size_t smem, size_t& set) {
   return e;
 }
 
-template <int NT, bool VIEW>
+template <int NT, bool VIEW, int W>
 cudaError_t launch_stream(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                           const void* tent, void* y, int ldy, int N, int NB, int KB, int ctas, int stages, void* ws,
                           void* tickets, int wfirst, cudaStream_t st) {
-  auto kern = w12_stream_kernel<NT, VIEW>;
+  auto kern = w12_stream_kernel<NT, VIEW, W>;
   const size_t smem = stream_smem<NT, VIEW>(stages);
   static size_t set = 0;  // this kernel's dynamic shared-memory limit so far
   if (cudaError_t e = raise_smem(kern, smem, set)) return e;
   // at most one CTA per record: every CTA's range is then non-empty, so a row's segments are the CTAs p_lo .. p_hi
-  kern<<<(int)min((long)ctas, (long)NB * KB), 288, smem, st>>>(
+  kern<<<(int)min((long)ctas, (long)NB * KB), stream_threads<W>(), smem, st>>>(
       (const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo, (const int32_t*)toff,
       (const int32_t*)tent, (__nv_bfloat16*)y, ldy, N, KB, (long)NB * KB, (float*)ws, (int*)tickets, stages, wfirst);
   return cudaGetLastError();
@@ -1861,18 +1918,22 @@ extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const
 
 // The stream kernel for M ≤ 32 (w12_stream_kernel above; 8·nt rows per CTA, nt the smallest of 1, 2, 4 that holds M):
 // ctas CTAs (at most one per record), each streaming an equal contiguous range of the NB·KB records and their X tiles
-// through a ring of `stages` slots; ws: fp32 [ctas · 2 · 8 · 8nt · 32 · 4] for the partial rows' sums and tickets: int32
-// zeros [NB · 8] (left at zero).  wfirst: 1 = the record copies with L2 evict_first.  Same tensors and preconditions as
-// w12_gemv.
+// through a ring of `stages` slots, with `warps` consumer warps (8 or 4); ws: fp32 [ctas · 2 · 8 · nt · 32 · 4] for
+// the partial rows' sums and tickets: int32 zeros [NB · 8] (left at zero).  wfirst: 1 = the record copies with L2
+// evict_first.  Same tensors and preconditions as w12_gemv.
 extern "C" int w12_stream(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                           const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int ctas, int stages,
-                          void* ws, void* tickets, void* stream, int wfirst) {
-  if (M < 1 || M > 32 || ctas < 1 || stages < 2 || stages > 16) return (int)cudaErrorInvalidValue;
+                          int warps, void* ws, void* tickets, void* stream, int wfirst) {
+  if (M < 1 || M > 32 || ctas < 1 || stages < 2 || stages > 16 || (warps != 8 && warps != 4))
+    return (int)cudaErrorInvalidValue;
   cudaStream_t st = (cudaStream_t)stream;
-#define W12_ST(NTV, V) \
-  if (M <= 8 * NTV && !!view == V) \
-    return launch_stream<NTV, V>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, ctas, stages, ws, tickets, wfirst, st);
-  W12_ST(1, false) W12_ST(1, true) W12_ST(2, false) W12_ST(2, true) W12_ST(4, false) W12_ST(4, true)
+#define W12_ST(NTV, V, WV)                                                                                         \
+  if (M <= 8 * NTV && !!view == V && warps == WV)                                                                  \
+    return launch_stream<NTV, V, WV>(x, M, ldx, rec, expo, toff, tent, y, ldy, N, NB, KB, ctas, stages, ws, tickets, \
+                                     wfirst, st);
+#define W12_STW(NTV) W12_ST(NTV, false, 8) W12_ST(NTV, true, 8) W12_ST(NTV, false, 4) W12_ST(NTV, true, 4)
+  W12_STW(1) W12_STW(2) W12_STW(4)
+#undef W12_STW
 #undef W12_ST
   return (int)cudaErrorInvalidValue;
 }

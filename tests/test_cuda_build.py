@@ -245,11 +245,13 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(ws(c.nt, min(c.split, 8), v) not in (0, 1) for c in gc.WS_TABLE.values() for v in (0, 1))
     rule = {gc.ws_rule_config(m, n, k) for n, k in shapes for m in (9, 17, 33, 49, 65, 128)}
     assert all(ws(c.nt, c.split, v) not in (0, 1) for c in rule for v in (0, 1))
-    def stream(m, stages, view):
-        return lib.w12_stream(p, m, 64, p, p, p, p, p, 64, 128, 1, 8, view, 264, stages, p, p, p, 0)
+    def stream(m, stages, view, warps=8):
+        return lib.w12_stream(p, m, 64, p, p, p, p, p, 64, 128, 1, 8, view, 264, stages, warps, p, p, p, 0)
 
-    assert all(stream(m, s, v) not in (0, 1) for m in (1, 8, 9, 16, 17, 32) for s in (2, 8, 16) for v in (0, 1))
+    assert all(stream(m, s, v, w) not in (0, 1) for m in (1, 8, 9, 16, 17, 32) for s in (2, 8, 16) for v in (0, 1)
+               for w in (8, 4))
     assert stream(33, 4, 0) == 1 and stream(1, 1, 0) == 1 and stream(1, 17, 1) == 1  # M ≤ 32, 2–16 stages
+    assert stream(8, 4, 0, 6) == 1 and stream(8, 4, 1, 16) == 1  # 8 or 4 consumer warps
     # and the dispatchers do refuse what they do not compile
     assert ws(1, 1, 0) == 1 and ws(32, 1, 0) == 1 and ws(4, 9, 0) == 1
     assert skinny(gc.CudaConfig(3, 8, 1), 0) == 1
