@@ -1495,10 +1495,11 @@ __host__ __device__ constexpr int stream_slot() {  // X tile, then the record's 
 
 // W consumer warps (8: 16 channels each, two CTAs per SM; 4: 32 channels each, up to three CTAs per SM).  With 8, two
 // 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers, which nt = 1 / 2 / 4 fill (92 / 96 / 96, the view
-// 79 / 83 / 96) without spills; each n-tile's X words are loaded just before its MMAs for that (all of them loaded
+// 78 / 82 / 96) without spills; each n-tile's X words are loaded just before its MMAs for that (all of them loaded
 // first, nt = 4 took 118 registers, or spilled 40 bytes at this cap).  With 4, a warp runs both of its tiles' MMAs on
 // each X word it loads: half the X tile's shared-memory reads per record (at 32 rows they are 32 of a record's ~60 KB
-// of shared-memory traffic with 8 warps), with the CTA's four warps in the place of eight.
+// of shared-memory traffic with 8 warps), with the CTA's four warps in the place of eight (127 / 128 / 168 registers,
+// the view 110 / 114 / 165; at nt = 4 40 bytes spilled, three local loads per record).
 template <int W>
 __host__ __device__ constexpr int stream_threads() { return 32 * (W + 1); }
 template <int NT, int W>
