@@ -1393,11 +1393,12 @@ __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
 }
 
 constexpr int STREAM_ECH = 16;  // escape entries per chunk (lanes 0–15 each stage one)
-// Partials of a row that its last-arriving warp loads at once, per n-tile.  A row spans ~KB·P/T + 1 CTAs: up to ~9 on
-// the one-wave shapes (4096² at two CTAs per SM: ~7.8 records per CTA, KB = 64), 2 on the LM heads; loaded one at a
-// time they were that many L2 round trips per n-tile at the kernel's end (session 34's stream-K, w12_gemv_tried.md).
-// 6, not 8: at 8 the nt = 4 build spilled 44 bytes (96-register cap).
-constexpr int STREAM_SUMS = 6;
+// float4 loads of a split row's partials that its last-arriving warp has in flight: ⌊STREAM_LOADS / nt⌋ partials,
+// each with its nt n-tiles.  A row spans ~KB·P/T + 1 CTAs: up to ~9 on the one-wave shapes (4096² at two CTAs per SM:
+// ~7.8 records per CTA, KB = 64), 2 on the LM heads; loaded one at a time they were that many L2 round trips per
+// n-tile at the kernel's end (session 34's stream-K, w12_gemv_tried.md); this way ⌈S / ⌊6 / nt⌋⌉ in all.  Not more:
+// with 8, the 8-warp nt = 4 W12 build spilled into its record loop (96-register cap).
+constexpr int STREAM_LOADS = 6;
 
 // One 16-channel tile's escapes of a segment (tile c = nb·8 + tile, records [ka, kend) of row nb), staged in its
 // warp's shared memory by cp.async (no registers held) in three steps whose loads depend on each other: the offsets
@@ -1495,11 +1496,11 @@ __host__ __device__ constexpr int stream_slot() {  // X tile, then the record's 
 
 // W consumer warps (8: 16 channels each, two CTAs per SM; 4: 32 channels each, up to three CTAs per SM).  With 8, two
 // 9-warp CTAs put 5 warps on one SM sub-partition: 96 registers, which nt = 1 / 2 / 4 fill (92 / 96 / 96, the view
-// 78 / 82 / 96) without spills; each n-tile's X words are loaded just before its MMAs for that (all of them loaded
+// 78 / 80 / 96; at nt = 4 W12 spills 16 bytes outside the record loop); each n-tile's X words are loaded just before its MMAs for that (all of them loaded
 // first, nt = 4 took 118 registers, or spilled 40 bytes at this cap).  With 4, a warp runs both of its tiles' MMAs on
 // each X word it loads: half the X tile's shared-memory reads per record (at 32 rows they are 32 of a record's ~60 KB
-// of shared-memory traffic with 8 warps), with the CTA's four warps in the place of eight (127 / 128 / 168 registers,
-// the view 110 / 114 / 165; at nt = 4 40 bytes spilled, three local loads per record).
+// of shared-memory traffic with 8 warps), with the CTA's four warps in the place of eight (127 / 128 / 152 registers,
+// the view 110 / 110 / 136; no spills).
 template <int W>
 __host__ __device__ constexpr int stream_threads() { return 32 * (W + 1); }
 template <int NT, int W>
@@ -1684,21 +1685,27 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
         __threadfence();
 #pragma unroll
         for (int h = 0; h < H; ++h) {
+          constexpr int QB = STREAM_LOADS / NT > 0 ? STREAM_LOADS / NT : 1;  // partials per batch, loaded together
+          float4 a[NT];
+#pragma unroll
+          for (int jj = 0; jj < NT; ++jj) a[jj] = make_float4(0.f, 0.f, 0.f, 0.f);
+          for (int q0 = plo; q0 <= phi; q0 += QB) {  // each n-tile's partials added in CTA order
+            float4 v[QB][NT];
+#pragma unroll
+            for (int k = 0; k < QB; ++k)
+              if (q0 + k <= phi)
+#pragma unroll
+                for (int jj = 0; jj < NT; ++jj) v[k][jj] = __ldcg(part(q0 + k, h, jj));
+#pragma unroll
+            for (int k = 0; k < QB; ++k)
+              if (q0 + k <= phi)
+#pragma unroll
+                for (int jj = 0; jj < NT; ++jj) add4(a[jj], v[k][jj]);
+          }
           float sum[NT][4];
 #pragma unroll
-          for (int jj = 0; jj < NT; ++jj) {
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-            for (int q0 = plo; q0 <= phi; q0 += STREAM_SUMS) {  // STREAM_SUMS loads in flight, then added in order
-              float4 v[STREAM_SUMS];
-#pragma unroll
-              for (int k = 0; k < STREAM_SUMS; ++k)
-                if (q0 + k <= phi) v[k] = __ldcg(part(q0 + k, h, jj));
-#pragma unroll
-              for (int k = 0; k < STREAM_SUMS; ++k)
-                if (q0 + k <= phi) add4(a, v[k]);
-            }
-            sum[jj][0] = a.x, sum[jj][1] = a.y, sum[jj][2] = a.z, sum[jj][3] = a.w;
-          }
+          for (int jj = 0; jj < NT; ++jj)
+            sum[jj][0] = a[jj].x, sum[jj][1] = a[jj].y, sum[jj][2] = a[jj].z, sum[jj][3] = a[jj].w;
           stream_store<NT>(sum, y, ldy, N, M, nb * 128 + 16 * (u0 + h), g, t);
         }
         if (lane == 0) tickets[nb * 8 + u0] = 0;
