@@ -1358,24 +1358,25 @@ __global__ void __launch_bounds__(ws_threads<NT>(), NT >= 16 ? 1 : 2) w12_gemm_w
 // =================================================================================================
 // The matrix's T = NB·KB records lie in memory row after row (record i = row nb · KB + kb).  CTA p of P takes the
 // records [g0, g1) = [⌊p·T/P⌋, ⌊(p+1)·T/P⌋): one contiguous byte range, streamed record by record into a ring of
-// `stages` slots by warp 8 (the producer): lane 0 copies the record (12 KB; the view its 8 KB of view bytes) with one
-// bulk copy, as ws_produce does, and the 32 lanes copy its X tile — X[0 .. M), columns 64·kb .. +63 — with 16-byte
-// cp.async in X's own column order, chunk q of row m at q ^ (m & 7) (stream_x_off), all counted on the slot's `full`
-// mbarrier (no reorder kernel: the X tile is read from X as it lies; rows ≥ M are neither copied nor read, the
-// consumers take zeros for them).  Consumer warp w (0–7) takes the
-// channels 16w..16w+15 of every record: the skinny kernel's lane layout, decode4 and mma.sync m16n8k16 (X row 8j + g,
-// columns 16t .. 16t + 15: chunks 2t, 2t + 1 of the row, conflict-free through the swizzle), and releases the slot
-// once its record words and X words are read.  A row's records in one CTA are a segment; at a segment's end
-// each warp, on its own (no CTA barrier): out = acc · 2^(E_n − 127), then + x[m, col] · (w − w_code) for the segment's
-// escapes in list order (offsets, entries and X words fetched in three dependent steps while the segment's records
-// stream: StreamEsc).  A whole row is stored; a part of one is published as partial j of the row's segments (CTAs p_lo
-// .. p_hi hold it) and the warp that takes the tile's ticket last adds them in the order j = 0, 1, … and stores: the
-// same bits whatever the arrival order (the skinny kernel's split-K sums: each segment its own escapes).
+// `stages` slots by warp W (the producer, after the W consumer warps): lane 0 copies the record (12 KB; the view its
+// 8 KB of view bytes) with one bulk copy, as ws_produce does, and the 32 lanes copy its X tile — X[0 .. M), columns
+// 64·kb .. +63 — with 16-byte cp.async in X's own column order, chunk q of row m at q ^ (m & 7) (stream_x_off), all
+// counted on the slot's `full` mbarrier (no reorder kernel: the X tile is read from X as it lies; rows ≥ M are neither
+// copied nor read, the consumers take zeros for them).  Consumer warp w takes the 16-channel tiles H·w .. H·w + H − 1
+// (H = 8 / W) of every record: the skinny kernel's lane layout, decode4 and mma.sync m16n8k16 (X row 8j + g, columns
+// 16t .. 16t + 15: chunks 2t, 2t + 1 of the row, conflict-free through the swizzle), and releases the slot once its
+// record words and X words are read.  A row's records in one CTA are a segment; at a segment's end each warp, on its
+// own (no CTA barrier), for each of its tiles: out = acc · 2^(E_n − 127), then + x[m, col] · (w − w_code) for the
+// segment's escapes in list order (offsets, entries and X words fetched in three dependent steps while the segment's
+// records stream: StreamEsc).  A whole row is stored; a part of one is published as partial j of the row's segments
+// (CTAs p_lo .. p_hi hold it) and the warp that takes the row's ticket last adds them in the order j = 0, 1, … and
+// stores: the same bits whatever the arrival order (the skinny kernel's split-K sums: each segment its own escapes).
 // Why: at one row the skinny kernel streams the LM heads at ~4.1 TB/s, while a bare ring of bulk copies at two CTAs per
 // SM streams the same bytes at ~4.3 (bench/tma_stream.py, 2026-12-04-tma-stream-shapes-h200-s32.md); at 32 rows the ws
 // kernel pays an X reorder kernel, a per-CTA escape prologue and a split-K epilogue around a short loop
 // (bench/ws_trace.py, 2026-12-05-ws-trace-h200-s39-call1.md); and one contiguous range per CTA leaves no part-empty
-// last wave.  Prepared in session 40 without a GPU: bench/stream_kernel.py checks and times it.
+// last wave.  Prepared in sessions 40–41 without a GPU: bench/stream_model.py checks its index maths on the CPU,
+// bench/stream_kernel.py checks and times it on the GPU.
 __device__ __forceinline__ long stream_first(int p, int P, long T) { return (long)p * T / P; }  // CTA p's first record
 __device__ __forceinline__ int stream_owner(long i, int P, long T) {  // the CTA whose range holds record i
   return (int)(((i + 1) * P - 1) / T);
