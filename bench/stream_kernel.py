@@ -100,10 +100,10 @@ def checked_warps():
     for warps in (8, 4):
         try:
             out = subprocess.run([sys.executable, __file__, "--check", str(warps)], capture_output=True, text=True,
-                                 timeout=240)
+                                 timeout=120)
             text, good = out.stdout + out.stderr, out.returncode == 0 and "CHECK OK" in out.stdout
         except subprocess.TimeoutExpired as e:
-            text, good = f"timed out after 240 s (a hang):\n{e.stdout or ''}", False
+            text, good = f"timed out after 120 s (a hang):\n{e.stdout or ''}", False
         texts.append(f"{warps} warps: " + ("passed" if good else "FAILED") + "\n" + text[-3000:])
         if good:
             ok.append(warps)
