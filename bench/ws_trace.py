@@ -166,12 +166,31 @@ X_KINDS = {  # X's values; wgmma's power draw depends on them, and a board at it
 }
 
 
+def flushed_traces(lib, call, ctas: int, runs: int) -> list:
+    """The trace words (8 + WORDS · ctas) of `runs` replays of `call` captured in one CUDA graph, each replay after
+    do_bench's L2 flush (256 MB zeroed); lib: the stamped library."""
+    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        call()
+    buf = (ctypes.c_uint64 * (8 + WORDS * ctas))()
+    bufs = []
+    for _ in range(runs):
+        flush.zero_()
+        assert lib.w12_ws_trace_clear() == 0
+        torch.cuda.synchronize()
+        gr.replay()
+        torch.cuda.synchronize()
+        assert lib.w12_ws_trace_read(buf, ctas) == 0
+        bufs.append(list(buf))
+    return bufs
+
+
 def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
     from kernels import Mat, bench
 
     from w12.kernels import gemm_cuda as gc
     landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
-    flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     lines, wlines = [], []
     for (n, k, m, (nt, split), *view), x_kind in ((c, xk) for c in CASES for xk in x_kinds):
         view = bool(view and view[0])
@@ -186,20 +205,8 @@ def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
         gc.library = lambda: stamped
         assert torch.equal(mt.run(x, view=view, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
         t_stamped = bench(lambda: mt.run(x, view=view, cuda=cfg))
-        gr = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(gr):
-            mt.run(x, view=view, cuda=cfg)
-        buf = (ctypes.c_uint64 * (8 + WORDS * ctas))()
-        per, wper = [], []
-        for _ in range(runs):
-            flush.zero_()
-            assert stamped.w12_ws_trace_clear() == 0
-            torch.cuda.synchronize()
-            gr.replay()
-            torch.cuda.synchronize()
-            assert stamped.w12_ws_trace_read(buf, ctas) == 0
-            per.append(phases(list(buf), ctas))
-            wper.append(waits(list(buf), ctas))
+        bufs = flushed_traces(stamped, lambda: mt.run(x, view=view, cuda=cfg), ctas, runs)
+        per, wper = [phases(b, ctas) for b in bufs], [waits(b, ctas) for b in bufs]
         figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
         wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
         kind = f"{cfg}{' (8-bit view)' if view else ''}{'' if x_kind == 'randn' else f', X {x_kind}'}"
@@ -210,7 +217,7 @@ def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
         print(row, wrow, sep="\n", flush=True)
         lines.append(row)
         wlines.append(wrow)
-        del mt, gr
+        del mt
         torch.cuda.empty_cache()
     text = "\n".join([
         f"# ws kernel: one call's phases from globaltimer stamps — {datetime.date.today()}", "",

@@ -289,9 +289,9 @@ def _bench_module(name: str):
 
 
 def test_ws_diagnostics_patch_the_current_kernel():
-    """bench/ws_diag.py and bench/ws_trace.py rebuild kernels/w12_gemv.cu with text patches on the GPU machine: each of
-    their anchors must occur exactly once in the kernel as it is, or those diagnostics stop there (ws_trace's prologue
-    anchor had gone stale unnoticed for six sessions)."""
+    """bench/ws_diag.py, bench/ws_trace.py and bench/stream_trace.py rebuild kernels/w12_gemv.cu with text patches on
+    the GPU machine: each of their anchors must occur exactly once in the kernel as it is, or those diagnostics stop
+    there (ws_trace's prologue anchor had gone stale unnoticed for six sessions)."""
     src = (ROOT / "kernels" / "w12_gemv.cu").read_text()
     diag, trace = _bench_module("ws_diag"), _bench_module("ws_trace")
     diag.check_anchors(src)
@@ -299,6 +299,8 @@ def test_ws_diagnostics_patch_the_current_kernel():
         assert src.count(anchor) == 1, f"bench/ws_trace.py anchor {anchor[:60]!r} does not occur once in w12_gemv.cu"
     for text, _, count in trace.WAITS:
         assert src.count(text) == count, f"bench/ws_trace.py wait {text[:60]!r} does not occur {count}× in w12_gemv.cu"
+    stamped = _bench_module("stream_trace").stamped_source(src)  # asserts each of its texts occurs once
+    assert stamped.count("W12_STAMP(W12_CTA + ") == 4  # entry, setup, first full slot, loop end
 
 
 def test_ab_kernel_clock_samples_fall_into_their_spans():

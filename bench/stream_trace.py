@@ -1,0 +1,174 @@
+"""Where one stream-kernel call's time goes (CTA start, first record, record loop, segment ends) and which side of its
+ring waits, read from %globaltimer and clock64 stamps patched into a copy of kernels/w12_gemv.cu. One GPU call.
+
+    python bench/stream_trace.py --build DIR [--rev REV]            # here (nvcc): the stamped library
+    W12_CUDA=1 python bench/stream_trace.py --libs DIR [--out OUT]   # on the GPU
+
+bench/ws_trace.py's method for w12_stream_kernel (its trace buffer, stamp macro and host functions are reused). The
+stamped build keeps the kernel's code and adds, per CTA, the globaltimer at entry, after the barrier setup, when
+consumer warp 0 first finds a full slot, and when warp 0 leaves its record loop (the CTA's other warps end about
+then); clock64 counts of consumer warp 0's waits for a full slot and of its segment ends (scale, escapes, store or
+partial and ticket), and of the producer's waits for an empty slot, as fractions of warp 0's loop.  If the consumers
+wait on `full` while the producer seldom waits on `empty`, the ring cannot bring the records in fast enough (bytes in
+flight × fetch time); if the producer waits and the consumers seldom do, the consumers' chain bounds the loop.  Per
+case the stamped output is checked against the landed build's bits; phases are medians over RUNS flushed replays.
+"""
+
+import argparse
+import ctypes
+import datetime
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from revision import commit  # noqa: E402  (bench/revision.py)
+from ws_trace import HOST, MAX_CTAS, PATCHES, WORDS, cta_rows, flushed_traces  # noqa: E402
+
+# (N, K, M, (ctas per SM, stages, consumer warps)): the LM head and a one-wave shape at one and at 32 rows, both forms
+CASES = [(151936, 5120, 1, (2, 6, 8)), (4096, 4096, 1, (2, 6, 8)), (4096, 4096, 1, (3, 5, 4)),
+         (151936, 5120, 32, (2, 5, 8)), (151936, 5120, 32, (2, 4, 4)), (4096, 4096, 32, (1, 8, 8)),
+         (4096, 4096, 32, (2, 4, 4)), (28672, 4096, 32, (2, 5, 8))]
+
+CLK = "w12_clk()"
+ME = "warp == 0 && lane == 0"
+# w12_sw (per CTA, shared, atomicAdd): 0 warp 0's full-wait cycles, 1 its segment-end cycles, 3 records, 4 the
+# producer's empty-wait cycles, 5 / 6 clock64 at warp 0's first full slot / at its loop's end.
+REPLACE = [  # (text in the landed source, its stamped form); each must occur once
+    ("  const int n = (int)(g1 - g0);\n  if (n == 0) return;\n",
+     "  const int n = (int)(g1 - g0);\n  if (n == 0) return;\n"
+     "  if (tid == 0) W12_STAMP(W12_CTA + 0);\n  if (tid < 8) w12_sw[tid] = 0;\n"),
+    ("    mbar_init_fence();\n  }\n  __syncthreads();\n",
+     "    mbar_init_fence();\n  }\n  __syncthreads();\n  if (tid == 0) W12_STAMP(W12_CTA + 1);\n"),
+    ("      if (i >= stages) mbar_wait(empty + s, ph);\n",
+     f"      {{\n        const unsigned long long w12_c0 = {CLK};\n        if (i >= stages) mbar_wait(empty + s, ph);\n"
+     f"        if (lane == 0) atomicAdd(&w12_sw[4], {CLK} - w12_c0);\n      }}\n"),
+    ("    mbar_wait(full + s, ph);\n    const uint8_t* slot = ring + (size_t)s * SLOT;\n",
+     f"    {{\n      const unsigned long long w12_c0 = {ME} ? {CLK} : 0;\n      mbar_wait(full + s, ph);\n"
+     f"      if ({ME}) {{\n        const unsigned long long w12_c1 = {CLK};\n"
+     "        w12_sw[0] += w12_c1 - w12_c0;\n        w12_sw[3] += 1;\n"
+     "        if (i == 0) {\n          W12_STAMP(W12_CTA + 2);\n          w12_sw[5] = w12_c1;\n        }\n      }\n    }\n"
+     "    const uint8_t* slot = ring + (size_t)s * SLOT;\n"),
+    ("    // ---- the segment of row nb ends here: records [ka, kb] of it\n",
+     "    // ---- the segment of row nb ends here: records [ka, kb] of it\n"
+     f"    const unsigned long long w12_se = {ME} ? {CLK} : 0;\n"),
+    ("    if (i + 1 == n) break;\n",
+     f"    if ({ME}) w12_sw[1] += {CLK} - w12_se;\n    if (i + 1 == n) break;\n"),
+    ("    row_start();\n  }\n}\n",
+     f"    row_start();\n  }}\n  if ({ME}) {{\n    w12_sw[6] = {CLK};\n    W12_STAMP(W12_CTA + 3);\n"
+     "    unsigned smid;\n    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
+     "    g_ws_trace[W12_CTA + 7] = smid;\n"
+     "    for (int w12_i = 0; w12_i < 7; ++w12_i)\n"
+     "      g_ws_trace[W12_CTA + 8 + w12_i] = reinterpret_cast<volatile unsigned long long*>(w12_sw)[w12_i];\n"
+     "  }\n}\n"),
+]
+PHASES = ["first CTA in", "last CTA in", "setup", "first record", "record loop", "record loop (max)", "last CTA out"]
+WAIT_COLS = ["records / CTA", "ns / record", "GHz", "full wait %", "segment ends %", "producer empty wait %"]
+
+
+def stamped_source(src: str) -> str:
+    """kernels/w12_gemv.cu's text `src` with the stamps and the wait counters patched into the stream kernel."""
+    header, add = PATCHES[0]  # ws_trace's trace buffer, W12_STAMP, W12_CTA, w12_clk, w12_sw
+    assert src.count(header) == 1
+    src = src.replace(header, header + add)
+    for text, stamped in REPLACE:
+        assert src.count(text) == 1, f"bench/stream_trace.py: text not found once in w12_gemv.cu: {text[:60]!r}"
+        src = src.replace(text, stamped)
+    return src + HOST
+
+
+def phases(buf: list, ctas: int) -> list:
+    """One replay's figures (µs, PHASES) from the trace words, from the first CTA's entry."""
+    rows = [r for r in cta_rows(buf, ctas) if r[0]]
+    t0 = min(r[0] for r in rows)
+    med = lambda i, j: statistics.median(r[j] - r[i] for r in rows) / 1e3  # noqa: E731
+    return [0.0, (max(r[0] for r in rows) - t0) / 1e3, med(0, 1), med(1, 2), med(2, 3),
+            max(r[3] - r[2] for r in rows) / 1e3, (max(r[3] for r in rows) - t0) / 1e3]
+
+
+def waits(buf: list, ctas: int) -> list:
+    """One replay's wait figures (WAIT_COLS), medians over the CTAs; the loop is warp 0's first full slot → its end."""
+    per = []
+    for r in cta_rows(buf, ctas):
+        w = r[8:15]
+        cyc, ns = w[6] - w[5], r[3] - r[2]
+        if cyc <= 0 or ns <= 0 or w[3] == 0:
+            continue
+        per.append([w[3], ns / w[3], cyc / ns, 100 * w[0] / cyc, 100 * w[1] / cyc, 100 * w[4] / cyc])
+    return [statistics.median(p[i] for p in per) if per else float("nan") for i in range(len(WAIT_COLS))]
+
+
+def run(lib_dir: Path, runs: int, out: str):
+    from kernels import Mat, bench
+
+    from w12.kernels import gemm_cuda as gc
+    landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lines, wlines = [], []
+    for n, k, m, (cps, stages, warps) in CASES:
+        cfg, mt = gc.StreamConfig(cps, stages, warps=warps), Mat(n, k, 900 + m)
+        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        ctas = min(cps * sms, (n + 127) // 128 * (k // 64))
+        assert ctas <= MAX_CTAS
+        gc.library = lambda: landed
+        y0 = mt.run(x, cuda=cfg)
+        t_landed, t_cublas = bench(lambda: mt.run(x, cuda=cfg)), bench(lambda: torch.matmul(x, mt.w.t()))
+        gc.library = lambda: stamped
+        assert torch.equal(mt.run(x, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
+        t_stamped = bench(lambda: mt.run(x, cuda=cfg))
+        bufs = flushed_traces(stamped, lambda: mt.run(x, cuda=cfg), ctas, runs)
+        per, wper = [phases(b, ctas) for b in bufs], [waits(b, ctas) for b in bufs]
+        figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
+        wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
+        kind = f"stream {cps}/{stages}, {warps} warps"
+        row = (f"| {n}×{k} | {m} | {kind} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
+               + " | ".join(f"{v:.1f}" for v in figs) + " |")
+        wrow = f"| {n}×{k} | {m} | {kind} | " + " | ".join(f"{v:.2f}" if i == 2 else f"{v:.0f}"
+                                                          for i, v in enumerate(wfigs)) + " |"
+        print(row, wrow, sep="\n", flush=True)
+        lines.append(row)
+        wlines.append(wrow)
+        del mt
+        torch.cuda.empty_cache()
+    text = "\n".join([
+        f"# stream kernel: one call's phases from globaltimer stamps — {datetime.date.today()}", "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
+        "- command: `python bench/stream_trace.py --build DIR` here, then `W12_CUDA=1 python bench/stream_trace.py "
+        "--libs DIR`",
+        f"- do_bench µs (graph replay, L2 flushed, median) of cuBLAS, the landed build and the stamped build (same bits); "
+        f"phases: µs, medians over {runs} flushed replays, 'CTA in' and 'last CTA out' from the first CTA's entry, the "
+        "others per CTA (median, or max); 'record loop' is consumer warp 0's, from its first full slot to its end", "",
+        "| N×K | M | config | CTAs | cuBLAS | landed | stamped | " + " | ".join(PHASES) + " |",
+        "|---" * (7 + len(PHASES)) + "|", *lines, "",
+        "Where the record loop waits (clock64; consumer warp 0's lane 0 and the producer's; medians over the CTAs, then "
+        "over the replays), as % of warp 0's loop", "",
+        "| N×K | M | config | " + " | ".join(WAIT_COLS) + " |", "|---" * (3 + len(WAIT_COLS)) + "|", *wlines]) + "\n"
+    Path(out, "stream_trace.md").write_text(text)
+    print(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", type=Path, help="write the landed and the stamped library here (needs nvcc, no GPU)")
+    ap.add_argument("--libs", type=Path, help="run with the libraries of this folder (needs the GPU)")
+    ap.add_argument("--rev", default="HEAD", help="with --build: the kernel source to stamp (a revision, `worktree` or "
+                    "file:PATH; default HEAD), built beside it unstamped as 'landed'")
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if a.build:
+        from ab_kernel import build_libs, source_at
+        landed = source_at(a.rev)
+        for name, lib in build_libs({"landed": landed, "trace": stamped_source(landed)}, a.build).items():
+            print(name, lib)
+    elif a.libs:
+        run(a.libs, a.runs, a.out)
+    else:
+        ap.error("give --build DIR or --libs DIR")
+
+
+if __name__ == "__main__":
+    main()
