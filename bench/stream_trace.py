@@ -14,9 +14,6 @@ flight × fetch time); if the producer waits and the consumers seldom do, the co
 case the stamped output is checked against the landed build's bits; phases are medians over RUNS flushed replays.
 """
 
-import argparse
-import ctypes
-import datetime
 import os
 import statistics
 import sys
@@ -25,8 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from revision import commit  # noqa: E402  (bench/revision.py)
-from ws_trace import HOST, MAX_CTAS, PATCHES, WORDS, cta_rows, flushed_traces  # noqa: E402
+from ws_trace import (HOST, MAX_CTAS, PATCHES, case_rows, cli, cta_rows, load_libs, report,  # noqa: E402
+                      trace_case)
 
 # (N, K, M, (ctas per SM, stages, consumer warps)): the LM head and a one-wave shape at one and at 32 rows, both forms
 CASES = [(151936, 5120, 1, (2, 6, 8)), (4096, 4096, 1, (2, 6, 8)), (4096, 4096, 1, (3, 5, 4)),
@@ -102,10 +99,10 @@ def waits(buf: list, ctas: int) -> list:
 
 
 def run(lib_dir: Path, runs: int, out: str):
-    from kernels import Mat, bench
+    from kernels import Mat
 
     from w12.kernels import gemm_cuda as gc
-    landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
+    libs = load_libs(lib_dir)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     lines, wlines = [], []
     for n, k, m, (cps, stages, warps) in CASES:
@@ -113,62 +110,22 @@ def run(lib_dir: Path, runs: int, out: str):
         x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
         ctas = min(cps * sms, (n + 127) // 128 * (k // 64))
         assert ctas <= MAX_CTAS
-        gc.library = lambda: landed
-        y0 = mt.run(x, cuda=cfg)
-        t_landed, t_cublas = bench(lambda: mt.run(x, cuda=cfg)), bench(lambda: torch.matmul(x, mt.w.t()))
-        gc.library = lambda: stamped
-        assert torch.equal(mt.run(x, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
-        t_stamped = bench(lambda: mt.run(x, cuda=cfg))
-        bufs = flushed_traces(stamped, lambda: mt.run(x, cuda=cfg), ctas, runs)
-        per, wper = [phases(b, ctas) for b in bufs], [waits(b, ctas) for b in bufs]
-        figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
-        wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
-        kind = f"stream {cps}/{stages}, {warps} warps"
-        row = (f"| {n}×{k} | {m} | {kind} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
-               + " | ".join(f"{v:.1f}" for v in figs) + " |")
-        wrow = f"| {n}×{k} | {m} | {kind} | " + " | ".join(f"{v:.2f}" if i == 2 else f"{v:.0f}"
-                                                          for i, v in enumerate(wfigs)) + " |"
-        print(row, wrow, sep="\n", flush=True)
+        res = trace_case(libs, lambda: mt.run(x, cuda=cfg), lambda: torch.matmul(x, mt.w.t()), ctas, runs, phases,
+                         waits)
+        row, wrow = case_rows(f"{n}×{k} | {m} | stream {cps}/{stages}, {warps} warps", ctas, res, 2)
         lines.append(row)
         wlines.append(wrow)
         del mt
         torch.cuda.empty_cache()
-    text = "\n".join([
-        f"# stream kernel: one call's phases from globaltimer stamps — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
-        "- command: `python bench/stream_trace.py --build DIR` here, then `W12_CUDA=1 python bench/stream_trace.py "
-        "--libs DIR`",
-        f"- do_bench µs (graph replay, L2 flushed, median) of cuBLAS, the landed build and the stamped build (same bits); "
+    text = report(
+        "stream kernel: one call's phases from globaltimer stamps", "stream_trace.py",
         f"phases: µs, medians over {runs} flushed replays, 'CTA in' and 'last CTA out' from the first CTA's entry, the "
-        "others per CTA (median, or max); 'record loop' is consumer warp 0's, from its first full slot to its end", "",
-        "| N×K | M | config | CTAs | cuBLAS | landed | stamped | " + " | ".join(PHASES) + " |",
-        "|---" * (7 + len(PHASES)) + "|", *lines, "",
+        "others per CTA (median, or max); 'record loop' is consumer warp 0's, from its first full slot to its end", lines,
         "Where the record loop waits (clock64; consumer warp 0's lane 0 and the producer's; medians over the CTAs, then "
-        "over the replays), as % of warp 0's loop", "",
-        "| N×K | M | config | " + " | ".join(WAIT_COLS) + " |", "|---" * (3 + len(WAIT_COLS)) + "|", *wlines]) + "\n"
+        "over the replays), as % of warp 0's loop", wlines, PHASES, WAIT_COLS)
     Path(out, "stream_trace.md").write_text(text)
     print(text)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", type=Path, help="write the landed and the stamped library here (needs nvcc, no GPU)")
-    ap.add_argument("--libs", type=Path, help="run with the libraries of this folder (needs the GPU)")
-    ap.add_argument("--rev", default="HEAD", help="with --build: the kernel source to stamp (a revision, `worktree` or "
-                    "file:PATH; default HEAD), built beside it unstamped as 'landed'")
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    a = ap.parse_args()
-    if a.build:
-        from ab_kernel import build_libs, source_at
-        landed = source_at(a.rev)
-        for name, lib in build_libs({"landed": landed, "trace": stamped_source(landed)}, a.build).items():
-            print(name, lib)
-    elif a.libs:
-        run(a.libs, a.runs, a.out)
-    else:
-        ap.error("give --build DIR or --libs DIR")
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, stamped_source, lambda a, ap: run(a.libs, a.runs, a.out))

@@ -186,11 +186,59 @@ def flushed_traces(lib, call, ctas: int, runs: int) -> list:
     return bufs
 
 
-def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
-    from kernels import Mat, bench
+def load_libs(lib_dir: Path) -> tuple:
+    """(landed, stamped) libraries of a --build folder."""
+    return ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
+
+
+def trace_case(libs: tuple, call, cublas, ctas: int, runs: int, phases_of, waits_of) -> tuple:
+    """One case: `call` (the kernel through gemm_cuda.library) with the landed library — its bits and do_bench µs —,
+    cuBLAS's µs (`cublas`), the stamped library's bits (asserted equal) and µs, then `runs` flushed replays.  Returns
+    (µs cuBLAS, landed, stamped, medians of phases_of(words, ctas), medians of waits_of(words, ctas))."""
+    from kernels import bench
 
     from w12.kernels import gemm_cuda as gc
-    landed, stamped = ctypes.CDLL(str(lib_dir / "w12_gemv_landed.so")), ctypes.CDLL(str(lib_dir / "w12_gemv_trace.so"))
+    landed, stamped = libs
+    gc.library = lambda: landed
+    y0 = call()
+    t_landed, t_cublas = bench(call), bench(cublas)
+    gc.library = lambda: stamped
+    assert torch.equal(call().view(torch.int16), y0.view(torch.int16)), "the stamped build's bits differ"
+    t_stamped = bench(call)
+    bufs = flushed_traces(stamped, call, ctas, runs)
+    med = lambda rows: [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]  # noqa: E731
+    return t_cublas, t_landed, t_stamped, med([phases_of(b, ctas) for b in bufs]), med([waits_of(b, ctas) for b in bufs])
+
+
+def case_rows(label: str, ctas: int, res: tuple, ghz_col: int) -> tuple:
+    """A case's row of the phases table and of the waits table (label: 'N×K | M | config'); res: trace_case's."""
+    t_cublas, t_landed, t_stamped, figs, wfigs = res
+    row = (f"| {label} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
+           + " | ".join(f"{v:.1f}" for v in figs) + " |")
+    wrow = f"| {label} | " + " | ".join(f"{v:.2f}" if i == ghz_col else f"{v:.0f}" for i, v in enumerate(wfigs)) + " |"
+    print(row, wrow, sep="\n", flush=True)
+    return row, wrow
+
+
+def report(title: str, script: str, phase_note: str, lines: list, wait_note: str, wlines: list, phase_cols: list,
+           wait_cols: list) -> str:
+    """The markdown report of a trace run."""
+    return "\n".join([
+        f"# {title} — {datetime.date.today()}", "",
+        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
+        f"- command: `python bench/{script} --build DIR` here, then `W12_CUDA=1 python bench/{script} --libs DIR`",
+        "- do_bench µs (graph replay, L2 flushed, median) of cuBLAS, the landed build and the stamped build (same bits); "
+        + phase_note, "",
+        "| N×K | M | config | CTAs | cuBLAS | landed | stamped | " + " | ".join(phase_cols) + " |",
+        "|---" * (7 + len(phase_cols)) + "|", *lines, "", wait_note, "",
+        "| N×K | M | config | " + " | ".join(wait_cols) + " |", "|---" * (3 + len(wait_cols)) + "|", *wlines]) + "\n"
+
+
+def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
+    from kernels import Mat
+
+    from w12.kernels import gemm_cuda as gc
+    libs = load_libs(lib_dir)
     lines, wlines = [], []
     for (n, k, m, (nt, split), *view), x_kind in ((c, xk) for c in CASES for xk in x_kinds):
         view = bool(view and view[0])
@@ -198,54 +246,37 @@ def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
         x = X_KINDS[x_kind](m, k)
         ctas = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split
         assert ctas <= MAX_CTAS
-        gc.library = lambda: landed
-        y0 = mt.run(x, view=view, cuda=cfg)
-        t_landed = bench(lambda: mt.run(x, view=view, cuda=cfg))
-        t_cublas = bench(lambda: torch.matmul(x, mt.w.t()))
-        gc.library = lambda: stamped
-        assert torch.equal(mt.run(x, view=view, cuda=cfg).view(torch.int16), y0.view(torch.int16)), f"{n}x{k} M={m}: bits"
-        t_stamped = bench(lambda: mt.run(x, view=view, cuda=cfg))
-        bufs = flushed_traces(stamped, lambda: mt.run(x, view=view, cuda=cfg), ctas, runs)
-        per, wper = [phases(b, ctas) for b in bufs], [waits(b, ctas) for b in bufs]
-        figs = [statistics.median(p[i] for p in per) for i in range(len(PHASES))]
-        wfigs = [statistics.median(p[i] for p in wper) for i in range(len(WAIT_COLS))]
+        res = trace_case(libs, lambda: mt.run(x, view=view, cuda=cfg), lambda: torch.matmul(x, mt.w.t()), ctas, runs,
+                         phases, waits)
         kind = f"{cfg}{' (8-bit view)' if view else ''}{'' if x_kind == 'randn' else f', X {x_kind}'}"
-        row = (f"| {n}×{k} | {m} | {kind} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
-               + " | ".join(f"{v:.1f}" for v in figs) + " |")
-        wrow = f"| {n}×{k} | {m} | {kind} | " + " | ".join(f"{v:.2f}" if i == 1 else f"{v:.0f}"
-                                                          for i, v in enumerate(wfigs)) + " |"
-        print(row, wrow, sep="\n", flush=True)
+        row, wrow = case_rows(f"{n}×{k} | {m} | {kind}", ctas, res, 1)
         lines.append(row)
         wlines.append(wrow)
         del mt
         torch.cuda.empty_cache()
-    text = "\n".join([
-        f"# ws kernel: one call's phases from globaltimer stamps — {datetime.date.today()}", "",
-        f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
-        "- command: `python bench/ws_trace.py --build DIR` here, then `W12_CUDA=1 python bench/ws_trace.py --libs DIR`",
-        f"- do_bench µs (graph replay, L2 flushed, median) of cuBLAS, the landed build and the stamped build (same bits); "
+    text = report(
+        "ws kernel: one call's phases from globaltimer stamps", "ws_trace.py",
         f"phases: µs, medians over {runs} flushed replays of the captured call (X reorder + ws kernel); 'reorder end', "
-        "'CTA in' and 'last CTA out' from the reorder kernel's first entry, the others per CTA (median, or max)", "",
-        "| N×K | M | config | CTAs | cuBLAS | landed | stamped | " + " | ".join(PHASES) + " |",
-        "|---" * (7 + len(PHASES)) + "|", *lines, "",
+        "'CTA in' and 'last CTA out' from the reorder kernel's first entry, the others per CTA (median, or max)", lines,
         "Where the main loop waits (clock64; consumer warp 0's thread 0 and the producer; medians over the CTAs, then over "
         "the replays): ns per record of the loop, the SM clock, the waits as % of the loop, and a record's fetch time "
-        "from the producer's issue to the consumer's full wait returning", "",
-        "| N×K | M | config | " + " | ".join(WAIT_COLS) + " |", "|---" * (3 + len(WAIT_COLS)) + "|", *wlines]) + "\n"
+        "from the producer's issue to the consumer's full wait returning", wlines, PHASES, WAIT_COLS)
     Path(out, "ws_trace.md").write_text(text)
     print(text)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cli(doc: str, stamped_source, run_libs, extra=None):
+    """The trace scripts' command line: --build DIR writes the landed and the stamped library (stamped_source(text)),
+    --libs DIR calls run_libs(args) on the GPU; extra(parser) adds arguments."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", type=Path, help="write the landed and the stamped library here (needs nvcc, no GPU)")
     ap.add_argument("--libs", type=Path, help="run with the libraries of this folder (needs the GPU)")
     ap.add_argument("--rev", default="HEAD", help="with --build: the kernel source to stamp (a revision, `worktree` or "
                     "file:PATH; default HEAD), built beside it unstamped as 'landed'")
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--x", default="randn", help="comma-separated X kinds, each case timed with each: "
-                    + ", ".join(X_KINDS) + " (default randn)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    if extra:
+        extra(ap)
     a = ap.parse_args()
     if a.build:
         from ab_kernel import build_libs, source_at
@@ -253,12 +284,23 @@ def main():
         for name, lib in build_libs({"landed": landed, "trace": stamped_source(landed)}, a.build).items():
             print(name, lib)
     elif a.libs:
+        run_libs(a, ap)
+    else:
+        ap.error("give --build DIR or --libs DIR")
+
+
+def main():
+    def x_arg(ap):
+        ap.add_argument("--x", default="randn", help="comma-separated X kinds, each case timed with each: "
+                        + ", ".join(X_KINDS) + " (default randn)")
+
+    def run_libs(a, ap):
         kinds = a.x.split(",")
         if set(kinds) - set(X_KINDS):
             ap.error(f"--x: unknown kind(s) {sorted(set(kinds) - set(X_KINDS))}; known: {', '.join(X_KINDS)}")
         run(a.libs, a.runs, a.out, kinds)
-    else:
-        ap.error("give --build DIR or --libs DIR")
+
+    cli(__doc__, stamped_source, run_libs, x_arg)
 
 
 if __name__ == "__main__":
