@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ws_trace import (HOST, MAX_CTAS, PATCHES, case_rows, cli, cta_rows, load_libs, report,  # noqa: E402
-                      trace_case)
+from ws_trace import HOST, PATCHES, cli, cta_rows, report, trace_all  # noqa: E402
 
 # (N, K, M, (ctas per SM, stages, consumer warps)): the LM head and a one-wave shape at one and at 32 rows, both forms
 CASES = [(151936, 5120, 1, (2, 6, 8)), (4096, 4096, 1, (2, 6, 8)), (4096, 4096, 1, (3, 5, 4)),
@@ -102,21 +101,16 @@ def run(lib_dir: Path, runs: int, out: str):
     from kernels import Mat
 
     from w12.kernels import gemm_cuda as gc
-    libs = load_libs(lib_dir)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    lines, wlines = [], []
-    for n, k, m, (cps, stages, warps) in CASES:
-        cfg, mt = gc.StreamConfig(cps, stages, warps=warps), Mat(n, k, 900 + m)
-        x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-        ctas = min(cps * sms, (n + 127) // 128 * (k // 64))
-        assert ctas <= MAX_CTAS
-        res = trace_case(libs, lambda: mt.run(x, cuda=cfg), lambda: torch.matmul(x, mt.w.t()), ctas, runs, phases,
-                         waits)
-        row, wrow = case_rows(f"{n}×{k} | {m} | stream {cps}/{stages}, {warps} warps", ctas, res, 2)
-        lines.append(row)
-        wlines.append(wrow)
-        del mt
-        torch.cuda.empty_cache()
+
+    def cases():
+        for n, k, m, (cps, stages, warps) in CASES:
+            cfg, mt = gc.StreamConfig(cps, stages, warps=warps), Mat(n, k, 900 + m)
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            yield (f"{n}×{k} | {m} | stream {cps}/{stages}, {warps} warps", min(cps * sms, (n + 127) // 128 * (k // 64)),
+                   lambda: mt.run(x, cuda=cfg), lambda: torch.matmul(x, mt.w.t()))
+
+    lines, wlines = trace_all(lib_dir, cases(), runs, phases, waits, 2)
     text = report(
         "stream kernel: one call's phases from globaltimer stamps", "stream_trace.py",
         f"phases: µs, medians over {runs} flushed replays, 'CTA in' and 'last CTA out' from the first CTA's entry, the "

@@ -234,26 +234,36 @@ def report(title: str, script: str, phase_note: str, lines: list, wait_note: str
         "| N×K | M | config | " + " | ".join(wait_cols) + " |", "|---" * (3 + len(wait_cols)) + "|", *wlines]) + "\n"
 
 
+def trace_all(lib_dir: Path, cases, runs: int, phases_of, waits_of, ghz_col: int) -> tuple:
+    """Both tables' rows for `cases`: an iterator of (label 'N×K | M | config', CTAs, the kernel call, cuBLAS's call),
+    each case made as it comes, so that its matrix is freed before the next."""
+    libs = load_libs(lib_dir)
+    lines, wlines = [], []
+    for label, ctas, call, cublas in cases:
+        assert ctas <= MAX_CTAS
+        row, wrow = case_rows(label, ctas, trace_case(libs, call, cublas, ctas, runs, phases_of, waits_of), ghz_col)
+        lines.append(row)
+        wlines.append(wrow)
+        del call, cublas
+        torch.cuda.empty_cache()
+    return lines, wlines
+
+
 def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
     from kernels import Mat
 
     from w12.kernels import gemm_cuda as gc
-    libs = load_libs(lib_dir)
-    lines, wlines = [], []
-    for (n, k, m, (nt, split), *view), x_kind in ((c, xk) for c in CASES for xk in x_kinds):
-        view = bool(view and view[0])
-        cfg, mt = gc.WsConfig(nt, split), Mat(n, k, 900 + m)
-        x = X_KINDS[x_kind](m, k)
-        ctas = (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split
-        assert ctas <= MAX_CTAS
-        res = trace_case(libs, lambda: mt.run(x, view=view, cuda=cfg), lambda: torch.matmul(x, mt.w.t()), ctas, runs,
-                         phases, waits)
-        kind = f"{cfg}{' (8-bit view)' if view else ''}{'' if x_kind == 'randn' else f', X {x_kind}'}"
-        row, wrow = case_rows(f"{n}×{k} | {m} | {kind}", ctas, res, 1)
-        lines.append(row)
-        wlines.append(wrow)
-        del mt
-        torch.cuda.empty_cache()
+
+    def cases():
+        for (n, k, m, (nt, split), *view), x_kind in ((c, xk) for c in CASES for xk in x_kinds):
+            view = bool(view and view[0])
+            cfg, mt = gc.WsConfig(nt, split), Mat(n, k, 900 + m)
+            x = X_KINDS[x_kind](m, k)
+            kind = f"{cfg}{' (8-bit view)' if view else ''}{'' if x_kind == 'randn' else f', X {x_kind}'}"
+            yield (f"{n}×{k} | {m} | {kind}", (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split,
+                   lambda: mt.run(x, view=view, cuda=cfg), lambda: torch.matmul(x, mt.w.t()))
+
+    lines, wlines = trace_all(lib_dir, cases(), runs, phases, waits, 1)
     text = report(
         "ws kernel: one call's phases from globaltimer stamps", "ws_trace.py",
         f"phases: µs, medians over {runs} flushed replays of the captured call (X reorder + ws kernel); 'reorder end', "
