@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ws_trace import HOST, PATCHES, cli, cta_rows, report, trace_all  # noqa: E402
+from ws_trace import HOST, PATCHES, cli, cta_rows, loop_waits, report, trace_all  # noqa: E402
 
 # (N, K, M, (ctas per SM, stages, consumer warps)): the LM head and a one-wave shape at one and at 32 rows, both forms
 CASES = [(151936, 5120, 1, (2, 6, 8)), (4096, 4096, 1, (2, 6, 8)), (4096, 4096, 1, (3, 5, 4)),
@@ -87,14 +87,8 @@ def phases(buf: list, ctas: int) -> list:
 
 def waits(buf: list, ctas: int) -> list:
     """One replay's wait figures (WAIT_COLS), medians over the CTAs; the loop is warp 0's first full slot → its end."""
-    per = []
-    for r in cta_rows(buf, ctas):
-        w = r[8:15]
-        cyc, ns = w[6] - w[5], r[3] - r[2]
-        if cyc <= 0 or ns <= 0 or w[3] == 0:
-            continue
-        per.append([w[3], ns / w[3], cyc / ns, 100 * w[0] / cyc, 100 * w[1] / cyc, 100 * w[4] / cyc])
-    return [statistics.median(p[i] for p in per) if per else float("nan") for i in range(len(WAIT_COLS))]
+    return loop_waits(buf, ctas, 2, 3, lambda w, cyc, ns: [w[3], ns / w[3], cyc / ns, 100 * w[0] / cyc,
+                                                           100 * w[1] / cyc, 100 * w[4] / cyc], len(WAIT_COLS))
 
 
 def run(lib_dir: Path, runs: int, out: str):

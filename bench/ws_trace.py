@@ -146,18 +146,23 @@ def phases(buf: list, ctas: int) -> list:
 WAIT_COLS = ["ns / record", "GHz", "consumer full wait %", "consumer wgmma wait %", "producer empty wait %", "fetch ns"]
 
 
-def waits(buf: list, ctas: int) -> list:
-    """One replay's wait figures (WAIT_COLS), medians over the CTAs: the main loop from slot 0 filled to the loop's end
-    in SM cycles (w12_sw 5, 6) and in ns (stamps 3, 4) give the clock; the waits are fractions of the loop."""
+def loop_waits(buf: list, ctas: int, start: int, end: int, figures, cols: int) -> list:
+    """Medians over the CTAs of figures(w, cyc, ns): w the CTA's counters (w12_sw), its loop in SM cycles (counters
+    5 → 6) and in ns (stamps start → end); CTAs without a loop or a record are left out."""
     per = []
     for r in cta_rows(buf, ctas):
         w = r[8:15]
-        cyc, ns = w[6] - w[5], r[4] - r[3]
-        if cyc <= 0 or ns <= 0 or w[3] == 0:
-            continue
-        ghz = cyc / ns
-        per.append([ns / w[3], ghz, 100 * w[0] / cyc, 100 * w[1] / cyc, 100 * w[4] / cyc, w[2] / w[3] / ghz])
-    return [statistics.median(p[i] for p in per) if per else float("nan") for i in range(len(WAIT_COLS))]
+        cyc, ns = w[6] - w[5], r[end] - r[start]
+        if cyc > 0 and ns > 0 and w[3]:
+            per.append(figures(w, cyc, ns))
+    return [statistics.median(p[i] for p in per) if per else float("nan") for i in range(cols)]
+
+
+def waits(buf: list, ctas: int) -> list:
+    """One replay's wait figures (WAIT_COLS): the main loop from slot 0 filled to the loop's end in SM cycles and in ns
+    (stamps 3, 4) give the clock; the waits are fractions of the loop."""
+    return loop_waits(buf, ctas, 3, 4, lambda w, cyc, ns: [ns / w[3], cyc / ns, 100 * w[0] / cyc, 100 * w[1] / cyc,
+                                                           100 * w[4] / cyc, w[2] / w[3] * ns / cyc], len(WAIT_COLS))
 
 
 X_KINDS = {  # X's values; wgmma's power draw depends on them, and a board at its power cap slows its SM clock
