@@ -15,7 +15,7 @@ Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the 
 stages, L2 evict_first on the record copies, 8 or 4 consumer warps), each checked against the reference and bit-equal
 over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
 best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and
-OUT/stream_table.py (the entries where the stream kernel is ≥ 1.5 % faster, for gemm_cuda.STREAM_TABLE;
+OUT/stream_table.py after each shape, so that a call cut short keeps the shapes it finished (the entries where the stream kernel is ≥ 1.5 % faster, for gemm_cuda.STREAM_TABLE;
 `W12_STREAM_TABLE=OUT/stream_table.py python bench/kernels.py` then runs the full bench with them).
 """
 
@@ -26,6 +26,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -169,15 +170,30 @@ def main():
         sys.exit("the stream kernel's checks failed: nothing timed")
     ms = [int(v) for v in a.ms.split(",")]
     assert all(1 <= m <= 32 for m in ms), "--ms: rows of X from 1 to 32"
-    rows = [r for si, (n, k) in enumerate(SHAPES) for r in shape_rows(si, n, k, ms, warps)]
+    rows, t0 = [], time.time()
+    for si, (n, k) in enumerate(SHAPES):  # the files are rewritten after each shape: a call cut short keeps its rows
+        rows += shape_rows(si, n, k, ms, warps)
+        text, table = write(a.out, a.ms, ms, warps, rows, done=si + 1 == len(SHAPES))
+        print(f"{n}x{k} done at {time.time() - t0:.0f} s", flush=True)
+    print(text)
+    print("STREAM_TABLE = {\n" + table + "}")
+
+
+def write(out, ms_arg, ms, warps, rows, done):
+    """OUT/stream_kernel.md (the table) and OUT/stream_table.py (the entries where the stream kernel beat the
+    dispatched config by ≥ 1.5 %, for gemm_cuda.STREAM_TABLE; W12_STREAM_TABLE=OUT/stream_table.py runs
+    bench/kernels.py with them) from the rows so far; returns (text, table)."""
     lines = [f"# The stream kernel against the dispatched kernels — {datetime.date.today()}", "",
              f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
-             f"- command: `W12_CUDA=1 python bench/stream_kernel.py --ms {a.ms} --out $OUT`",
+             f"- command: `W12_CUDA=1 python bench/stream_kernel.py --ms {ms_arg} --out $OUT`",
              f"- checks (a child process per consumer-warp count): passed with {', '.join(map(str, warps))} warps"
              + ("" if len(warps) == 2 else " (the other FAILED: not timed)") + "; every config below within 1e-2 of "
              "the reference and bit-equal over three runs",
              "- µs: CUDA graph replay, do_bench (zeroing flush), median of three interleaved rounds (the dispatched config "
-             "and the best three of one round); ratio = cuBLAS / kernel", ""]
+             "and the best three of one round); ratio = cuBLAS / kernel"]
+    if not done:
+        lines.append(f"- CUT SHORT: {len(rows) // len(ms)} of {len(SHAPES)} shapes (the geomeans are over those)")
+    lines.append("")
     for m in ms:
         rs = [r for r in rows if r["m"] == m]
         lines += [f"## M = {m}", "",
@@ -196,17 +212,14 @@ def main():
                 f"{r['cb'] / r['vt_best']:.3f} | " + ", ".join(f"{name(c)[7:]} {t:.1f}" for c, t in r["wfirst"]) + " |")
         lines.append("")
     text = "\n".join(lines)
-    with open(os.path.join(a.out, "stream_kernel.md"), "w") as fh:
+    with open(os.path.join(out, "stream_kernel.md"), "w") as fh:
         fh.write(text)
-    # the entries to adopt: where the stream kernel beat the dispatched config by ≥ 1.5 % (for gemm_cuda.STREAM_TABLE;
-    # W12_STREAM_TABLE=OUT/stream_table.py runs bench/kernels.py with them)
     table = "".join(f"    {gc.stream_key(r['m'], r['n'], r['k'], view)!r}: {r[key + 'best']!r},\n"
                     for r in rows for view, key in ((False, "w"), (True, "v"))
                     if r[key + "t_best"] < r[key + "t_cur"] / 1.015)
-    with open(os.path.join(a.out, "stream_table.py"), "w") as fh:
+    with open(os.path.join(out, "stream_table.py"), "w") as fh:
         fh.write("STREAM_TABLE = {\n" + table + "}\n")
-    print(text)
-    print("STREAM_TABLE = {\n" + table + "}")
+    return text, table
 
 
 if __name__ == "__main__":
