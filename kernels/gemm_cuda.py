@@ -61,15 +61,17 @@ class StreamConfig:
     warps: int = 8  # consumer warps: 8 of 16 channels each, or 4 of 32 (half the X tile's shared-memory reads)
 
 
-# (N, K, M bucket 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured faster than the kernel that took
-# the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).  Empty until the
+# (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured faster than the kernel that
+# took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).  Empty until the
 # kernel (prepared in session 40, without a GPU) is measured.
 STREAM_TABLE: dict = {}
 
 
 def stream_key(m: int, n: int, k: int, view: bool = False) -> tuple:
-    """STREAM_TABLE's key of a call with m ≤ 32 rows: the M bucket is the 8, 16 or 32 rows of its tile."""
-    return (n, k, 8 * _nt_for(m), view)
+    """STREAM_TABLE's key of a call with m ≤ 32 rows: the M bucket is 1 for one row (a decode step; bench/stream_kernel.py
+    measures it on its own, so that a win there does not dispatch M = 2–8 unmeasured), else the 8, 16 or 32 rows of
+    its tile."""
+    return (n, k, 1 if m == 1 else 8 * _nt_for(m), view)
 
 WS_NTS = (2, 4, 6, 8, 16)
 

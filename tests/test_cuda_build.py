@@ -133,18 +133,22 @@ def test_ws_table_dispatch(tmp_path, monkeypatch):
 
 
 def test_stream_table_dispatch(tmp_path, monkeypatch):
-    """A stream_table.py written by bench/stream_kernel.py (W12_STREAM_TABLE) sends its (shape, M bucket 8 / 16 / 32,
-    W12 or view) entries to the stream kernel, ahead of the other tables; other M and the other of W12 / view keep
-    their kernel."""
+    """A stream_table.py written by bench/stream_kernel.py (W12_STREAM_TABLE) sends its (shape, M bucket 1 / 8 / 16 /
+    32, W12 or view) entries to the stream kernel, ahead of the other tables; one row is a bucket of its own; other M
+    and the other of W12 / view keep their kernel."""
     monkeypatch.setattr(gc, "STREAM_TABLE", {})
     p = tmp_path / "stream_table.py"
     p.write_text("STREAM_TABLE = {\n    (151936, 5120, 8, False): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True),\n"
+                 "    (4096, 4096, 1, False): StreamConfig(3, 5, warps=4),\n"
                  "    (4096, 4096, 32, True): StreamConfig(1, 10),\n}\n")
     monkeypatch.setenv("W12_STREAM_TABLE", str(p))
     gc._load_override()
-    assert gc.kernel_for(1, 151936, 5120) == gc.kernel_for(8, 151936, 5120) == "stream"
+    assert gc.kernel_for(2, 151936, 5120) == gc.kernel_for(8, 151936, 5120) == "stream"
     assert gc.dispatched_config(3, 151936, 5120) == gc.StreamConfig(2, 6, True)
+    assert gc.kernel_for(1, 151936, 5120) == "skinny"  # bucket 1 has no entry for this shape
     assert gc.kernel_for(9, 151936, 5120) == "ws" and gc.kernel_for(1, 151936, 5120, view=True) == "skinny"
+    assert gc.dispatched_config(1, 4096, 4096) == gc.StreamConfig(3, 5, warps=4)
+    assert gc.kernel_for(2, 4096, 4096) == "skinny"  # the one-row entry does not take M = 2–8
     assert gc.dispatched_config(17, 4096, 4096, view=True) == gc.StreamConfig(1, 10)
     assert gc.kernel_for(32, 4096, 4096) == "skinny" and gc.kernel_for(33, 4096, 4096, view=True) == "ws"
 
