@@ -40,9 +40,10 @@ from w12.kernels import gemm_cuda as gc  # noqa: E402
 SC = gc.StreamConfig
 
 
-def cands(m, view, warps=(8, 4)):
+def cands(m, view, warps=(8, 4), fits=gc.stream_fits):
     """The stream configs timed at M = m (above 16 rows a slot holds a 4 KB X tile: two CTAs per SM up to 5 stages),
-    with 8 consumer warps and with 4 (32 channels each: half the X reads; up to three CTAs per SM at M ≤ 16)."""
+    with 8 consumer warps and with 4 (32 channels each: half the X reads; up to three CTAs per SM at M ≤ 8), those
+    whose CTAs per SM are resident together (fits(cfg, m, view))."""
     out = []
     if 8 in warps:
         if m > 16:
@@ -53,9 +54,10 @@ def cands(m, view, warps=(8, 4)):
         else:
             out += [SC(2, s, ef) for s in (4, 5, 6, 8) for ef in (False, True)] + [SC(1, 8), SC(1, 12)]
     if 4 in warps:
-        cs = ((2, 5), (2, 4), (1, 10)) if m > 16 and not view else ((2, 6), (1, 12)) if m > 16 else ((3, 5), (2, 8))
+        cs = (((2, 5), (2, 4), (1, 10)) if m > 16 and not view else ((2, 6), (1, 12)) if m > 16
+              else ((3, 5), (2, 8)) if m <= 8 or view else ((2, 6), (2, 7)))
         out += [SC(c, s, ef, warps=4) for c, s in cs for ef in (False, True)]
-    return out
+    return [c for c in out if fits(c, m, view)]
 
 
 def same_bits(a, b):
@@ -111,6 +113,24 @@ def checked_warps():
     return ok, "\n".join(texts)
 
 
+def gpu_fits(cfg, m, view):
+    return gc.stream_blocks_per_sm(cfg, m, view) >= cfg.ctas_per_sm
+
+
+def residency_rule():
+    """gemm_cuda.stream_fits (the CPU's rule) against the GPU's occupancy query over every M bucket, W12 / view, warp
+    count, 1–3 CTAs per SM and 2–16 stages: the configs where they disagree (the timing filters by the GPU's answer)."""
+    bad = []
+    for m in (1, 16, 32):
+        for view in (False, True):
+            for warps in (8, 4):
+                for stages in range(2, 17):
+                    r = gc.stream_blocks_per_sm(SC(1, stages, warps=warps), m, view)
+                    bad += [(m, view, SC(c, stages, warps=warps), r) for c in (1, 2, 3)
+                            if gc.stream_fits(SC(c, stages, warps=warps), m, view) != (r >= c)]
+    return bad
+
+
 def name(c):
     if isinstance(c, SC):
         return (f"stream {c.ctas_per_sm}/{c.stages}" + (f" w{c.warps}" if c.warps != 8 else "")
@@ -130,7 +150,7 @@ def shape_rows(si, n, k, ms, warps):
         ref, refv = x.float() @ mt.w.float().t(), x.float() @ wv.float().t()
         row = dict(n=n, k=k, m=m, cb=bench(lambda: torch.matmul(x, mt.w.t())))
         for view, r in ((False, ref), (True, refv)):
-            cur, cs = gc.dispatched_config(m, n, k, view), cands(m, view, warps)
+            cur, cs = gc.dispatched_config(m, n, k, view), cands(m, view, warps, gpu_fits)
             errs = {c: checked(mt, x, r, c, view) for c in [cur] + cs}
             fn = lambda c: (lambda: mt.run(x, view=view, cuda=c))  # noqa: E731
             first = {c: bench(fn(c), rep=20) for c in cs}
@@ -170,16 +190,21 @@ def main():
         sys.exit("the stream kernel's checks failed: nothing timed")
     ms = [int(v) for v in a.ms.split(",")]
     assert all(1 <= m <= 32 for m in ms), "--ms: rows of X from 1 to 32"
+    bad = residency_rule()
+    rule = ("- CTAs per SM: gemm_cuda.stream_fits agrees with the GPU's occupancy query on every config" if not bad else
+            "- CTAs per SM: gemm_cuda.stream_fits DISAGREES with the GPU's occupancy query (the timing used the GPU's): "
+            + "; ".join(f"M={m} view={v} {name(c)[7:]}: {r} resident" for m, v, c, r in bad[:12]))
+    print(rule, flush=True)
     rows, t0 = [], time.time()
     for si, (n, k) in enumerate(SHAPES):  # the files are rewritten after each shape: a call cut short keeps its rows
         rows += shape_rows(si, n, k, ms, warps)
-        text, table = write(a.out, a.ms, ms, warps, rows, done=si + 1 == len(SHAPES))
+        text, table = write(a.out, a.ms, ms, warps, rule, rows, done=si + 1 == len(SHAPES))
         print(f"{n}x{k} done at {time.time() - t0:.0f} s", flush=True)
     print(text)
     print("STREAM_TABLE = {\n" + table + "}")
 
 
-def write(out, ms_arg, ms, warps, rows, done):
+def write(out, ms_arg, ms, warps, rule, rows, done):
     """OUT/stream_kernel.md (the table) and OUT/stream_table.py (the entries where the stream kernel beat the
     dispatched config by ≥ 1.5 %, for gemm_cuda.STREAM_TABLE; W12_STREAM_TABLE=OUT/stream_table.py runs
     bench/kernels.py with them) from the rows so far; returns (text, table)."""
@@ -189,6 +214,7 @@ def write(out, ms_arg, ms, warps, rows, done):
              f"- checks (a child process per consumer-warp count): passed with {', '.join(map(str, warps))} warps"
              + ("" if len(warps) == 2 else " (the other FAILED: not timed)") + "; every config below within 1e-2 of "
              "the reference and bit-equal over three runs",
+             rule,
              "- µs: CUDA graph replay, do_bench (zeroing flush), median of three interleaved rounds (the dispatched config "
              "and the best three of one round); ratio = cuBLAS / kernel"]
     if not done:

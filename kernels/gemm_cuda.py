@@ -54,7 +54,8 @@ class StreamConfig:
     """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 32): ctas_per_sm · SMs CTAs, each streaming an equal
     contiguous range of the matrix's records and their X tiles through a ring of `stages` slots; a row split between
     CTAs is added in a fixed order (the same bits every run).  Two CTAs per SM fit while their rings do (228 KB of shared
-    memory per SM: a slot is 12 KB of record and 1, 2 or 4 KB of X tile at up to 8, 16 or 32 rows)."""
+    memory per SM: a slot is 12 KB of record and 1, 2 or 4 KB of X tile at up to 8, 16 or 32 rows; stream_fits says
+    whether they do: the default's 6 stages fit two CTAs per SM up to 16 rows, not at 17–32 for W12)."""
     ctas_per_sm: int = 2
     stages: int = 6
     evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)
@@ -65,6 +66,29 @@ class StreamConfig:
 # took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).  Empty until the
 # kernel (prepared in session 40, without a GPU) is measured.
 STREAM_TABLE: dict = {}
+
+
+# Per SM on the H100 / H200: 228 KB of shared memory (1 KB of it reserved per CTA).
+SM_SMEM, CTA_SMEM_RESERVED = 233472, 1024
+
+
+def stream_smem(m: int, view: bool, stages: int) -> int:
+    """w12_gemv.cu's stream_smem: 128 (alignment) + stages · (slot + two mbarriers) + (W12) 8 tiles' escape staging;
+    a slot is the X tile (8·nt rows × 128 B) and the record's bytes (12 KB; the view 8 KB); a tile's staging is 16
+    entries × (8 + 4 · 8·nt + 4) bytes."""
+    nt = _nt_for(m)
+    slot = 8 * nt * 128 + (8192 if view else 12288)
+    return 128 + stages * (slot + 16) + (0 if view else 8 * 16 * (8 + 32 * nt + 4))
+
+
+def stream_fits(cfg: "StreamConfig", m: int, view: bool) -> bool:
+    """True when cfg.ctas_per_sm CTAs of the stream kernel at m rows are resident on one SM together (else the grid,
+    ctas_per_sm · SMs CTAs, runs in more than one wave: still right, not the config it names): their shared memory fits
+    and they are within the launch bounds' CTAs per SM (stream_min_ctas: 2 with 8 consumer warps or at nt = 4, else 3),
+    which is what the registers were fitted to."""
+    bound = 2 if cfg.warps == 8 or _nt_for(m) == 4 else 3
+    return (cfg.ctas_per_sm <= bound
+            and cfg.ctas_per_sm * (stream_smem(m, view, cfg.stages) + CTA_SMEM_RESERVED) <= SM_SMEM)
 
 
 def stream_key(m: int, n: int, k: int, view: bool = False) -> tuple:
@@ -545,6 +569,16 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, int(cfg.xreg), ctypes.byref(blocks))
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
+    return blocks.value
+
+
+def stream_blocks_per_sm(cfg: StreamConfig, m: int, view: bool = False) -> int:
+    """Resident CTAs per SM of the stream kernel with `cfg` at m rows (CUDA's occupancy calculator: registers, shared
+    memory; 0 where a CTA's ring is more shared memory than a CTA may have); stream_fits is the same rule on the CPU."""
+    blocks = ctypes.c_int(0)
+    err = library().w12_stream_occupancy(m, int(view), cfg.warps, cfg.stages, ctypes.byref(blocks))
+    if err != 0:
+        raise RuntimeError(f"w12_stream_occupancy failed: cudaError {err} (config {cfg}, M={m})")
     return blocks.value
 
 

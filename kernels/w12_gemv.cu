@@ -1925,6 +1925,34 @@ extern "C" int w12_gemm_ws(const void* x, int M, int ldx, const void* rec, const
   return (int)cudaErrorInvalidValue;
 }
 
+// The stream kernel's resident CTAs per SM at M rows (view, `warps` consumer warps, a ring of `stages` slots): CUDA's
+// occupancy calculator (registers, shared memory, threads); 0 where one CTA's shared memory is more than a CTA may
+// have.  gemm_cuda.stream_fits is the same rule on the CPU.
+template <int NT, bool VIEW, int W>
+cudaError_t stream_occupancy(int stages, int* blocks) {
+  auto kern = w12_stream_kernel<NT, VIEW, W>;
+  const size_t smem = stream_smem<NT, VIEW>(stages);
+  int dev = 0, most = 0;  // the most dynamic shared memory one CTA may have
+  if (cudaError_t e = cudaGetDevice(&dev)) return e;
+  if (cudaError_t e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) return e;
+  *blocks = 0;
+  if (smem > (size_t)most) return cudaSuccess;
+  if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kern, stream_threads<W>(), smem);
+}
+// Returns a cudaError_t; *blocks gets the count.
+extern "C" int w12_stream_occupancy(int M, int view, int warps, int stages, int* blocks) {
+#define W12_SO(NTV, V, WV) \
+  if (M <= 8 * NTV && !!view == V && warps == WV) return (int)stream_occupancy<NTV, V, WV>(stages, blocks);
+#define W12_SOW(NTV) W12_SO(NTV, false, 8) W12_SO(NTV, true, 8) W12_SO(NTV, false, 4) W12_SO(NTV, true, 4)
+  if (M >= 1 && M <= 32 && stages >= 2 && stages <= 16) {
+    W12_SOW(1) W12_SOW(2) W12_SOW(4)
+  }
+#undef W12_SOW
+#undef W12_SO
+  return (int)cudaErrorInvalidValue;
+}
+
 // The stream kernel for M ≤ 32 (w12_stream_kernel above; 8·nt rows per CTA, nt the smallest of 1, 2, 4 that holds M):
 // ctas CTAs (at most one per record), each streaming an equal contiguous range of the NB·KB records and their X tiles
 // through a ring of `stages` slots, with `warps` consumer warps (8 or 4); ws: fp32 [ctas · 2 · 8 · nt · 32 · 4] for

@@ -153,6 +153,20 @@ def test_stream_table_dispatch(tmp_path, monkeypatch):
     assert gc.kernel_for(32, 4096, 4096) == "skinny" and gc.kernel_for(33, 4096, 4096, view=True) == "ws"
 
 
+def test_stream_fits():
+    """gemm_cuda.stream_fits: CTAs per SM whose shared memory (w12_gemv.cu's stream_smem + 1 KB reserved each, of 228
+    KB) and launch bounds (2 CTAs with 8 consumer warps or at 17–32 rows, else 3) hold together.  Sums by hand: W12 at
+    32 rows, 6 stages: 128 + 6 · (4096 + 12288 + 16) + 8 · 16 · (8 + 128 + 4) = 116448 B, two need 234944 > 233472."""
+    SC = gc.StreamConfig
+    assert gc.stream_smem(32, False, 6) == 116448 and gc.stream_smem(1, True, 8) == 128 + 8 * (1024 + 8192 + 16)
+    assert not gc.stream_fits(SC(2, 6), 32, False) and gc.stream_fits(SC(2, 5), 32, False)
+    assert gc.stream_fits(SC(2, 6), 32, True) and gc.stream_fits(SC(1, 12), 32, False)
+    assert gc.stream_fits(SC(2, 8), 8, False) and not gc.stream_fits(SC(2, 8), 9, False)
+    assert gc.stream_fits(SC(3, 5, warps=4), 1, False) and not gc.stream_fits(SC(3, 5, warps=4), 16, False)
+    assert not gc.stream_fits(SC(3, 2), 1, True)  # 8 consumer warps: two CTAs per SM at most
+    assert not gc.stream_fits(SC(1, 16), 32, False)  # more than one CTA may have
+
+
 def test_not_usable_on_cpu():
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     rec = torch.zeros(1, 1, 12288, dtype=torch.uint8)
@@ -212,7 +226,7 @@ def test_load_without_gpu_returns_none(monkeypatch):
 
 @pytest.mark.skipif(cuda_build.nvcc_path() is None or shutil.which("nm") is None, reason="needs nvcc and nm")
 @pytest.mark.parametrize("name,symbols", [("w12_gemv", ["w12_gemv", "w12_gemv_occupancy", "w12_gemv_trace",
-                                                       "w12_gemm_ws", "w12_stream"]),
+                                                       "w12_gemm_ws", "w12_stream", "w12_stream_occupancy"]),
                                           ("lm_head_int8", ["w12_lmh_certified", "w12_lmh_exact_logits"])])
 def test_cu_compiles(tmp_path, name, symbols):
     lib = cuda_build.build(name, out_dir=tmp_path)
