@@ -557,14 +557,18 @@ __global__ void __launch_bounds__(THREADS) full_head_kernel(const uint16_t* __re
 }
 
 // ---- launch helpers ----------------------------------------------------------------------------
+// Per device, as a function's attributes are (each device has its own context): a process may run the head on two GPUs.
+constexpr int MAX_DEVICES = 64;
+int device() {  // the current device, clamped into the per-device tables
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return dev >= 0 && dev < MAX_DEVICES ? dev : 0;
+}
 int sm_count() {
-  static int n = 0;
-  if (n == 0) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-  }
-  return n;
+  static int n[MAX_DEVICES] = {};
+  const int dev = device();
+  if (n[dev] == 0) cudaDeviceGetAttribute(&n[dev], cudaDevAttrMultiProcessorCount, dev);
+  return n[dev];
 }
 
 template <int MT, int R, int D>
@@ -574,8 +578,12 @@ cudaError_t launch_int8(const int8_t* q, const float* s, const float* d, const u
   auto kern = int8_bounds_kernel<MT, R, D>;
   const int ns = (K + 511) / 512;
   const size_t smem = (size_t)MT * ns * 512 * sizeof(float);
-  static size_t set_smem = 0;  // attributes and occupancy once per (instantiation, shared-memory size)
-  static int per_sm = 0;
+  // attributes and occupancy once per (instantiation, shared-memory size, device)
+  static size_t set_smem_of[MAX_DEVICES] = {};
+  static int per_sm_of[MAX_DEVICES] = {};
+  const int dev = device();
+  size_t& set_smem = set_smem_of[dev];
+  int& per_sm = per_sm_of[dev];
   if (set_smem != smem) {
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     // the grid is sized to one wave from the occupancy below: make sure the carveout can hold it
@@ -603,8 +611,11 @@ cudaError_t launch_full(const uint16_t* W, long ldw, const uint16_t* x, long ldx
                         uint16_t* out, long ldo, cudaStream_t st) {
   const int nj = (K + 255) / 256;
   const size_t smem = (size_t)FULL_MT * nj * 256 * sizeof(float);
-  static size_t set_smem = 0;
-  static int per_sm = 0;
+  static size_t set_smem_of[MAX_DEVICES] = {};
+  static int per_sm_of[MAX_DEVICES] = {};
+  const int dev = device();
+  size_t& set_smem = set_smem_of[dev];
+  int& per_sm = per_sm_of[dev];
   if (set_smem != smem) {
     cudaError_t e = cudaFuncSetAttribute(full_head_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, full_head_kernel, THREADS, smem);

@@ -21,6 +21,8 @@ on every call (about six guards per tensor). Measured on a compiled decode step:
 made the guard check 2.7× BF16's (bench/results/2026-12-01-guard-cost-cpu.md); one per layer is BF16's count.
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -38,6 +40,13 @@ from . import reference as _ref
 LARGE_M = 128
 
 
+def _on(x: torch.Tensor):
+    """A guard that makes x's GPU the current device for the call, where it is not already: the CUDA and Triton
+    kernels launch on the current device, and a model split over GPUs (device_map="auto") calls layers on others."""
+    i = x.device.index
+    return torch.cuda.device(i) if i is not None and i != torch.cuda.current_device() else contextlib.nullcontext()
+
+
 @torch.library.custom_op("w12::gemm", mutates_args=())
 def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, escapes: torch.Tensor,
              esc_offsets: torch.Tensor, esc_cols: torch.Tensor, n: int) -> torch.Tensor:
@@ -47,15 +56,20 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 
 def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
-        m, k = x.shape
-        cuda = m <= LARGE_M and _gc.usable(x, records, exponents, n)
-        if m > LARGE_M or (cuda and _gc.prefers_decode(m, n, k)):  # prefill; small matrices from 33 rows (H200)
-            return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, k))
-        if cuda:
-            return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
-        return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
+        with _on(x):
+            return _gemm_cuda(x, records, exponents, escapes, esc_offsets, esc_cols, n)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
     return _ref.gemm(x, records, exponents, counts, escapes, n)
+
+
+def _gemm_cuda(x, records, exponents, escapes, esc_offsets, esc_cols, n):
+    m, k = x.shape
+    cuda = m <= LARGE_M and _gc.usable(x, records, exponents, n)
+    if m > LARGE_M or (cuda and _gc.prefers_decode(m, n, k)):  # prefill; small matrices from 33 rows (H200)
+        return F.linear(x, _dec.decode(records, exponents, escapes, esc_offsets, n, k))
+    if cuda:
+        return _gc.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
+    return _g.launch(x, records, exponents, n, escapes, esc_offsets, esc_cols)
 
 
 @w12_gemm.register_fake
@@ -140,17 +154,22 @@ def _(x, packed, n, nnz):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
-        m, k = x.shape
-        cuda = m <= LARGE_M and _gc.usable(x, records, exponents, n)
-        if m > LARGE_M or (cuda and _gc.prefers_decode(m, n, k, view=True)):  # small matrices from 49 rows (H200)
-            return F.linear(x, _dec.decode(records, exponents, None, None, n, k, view=True))
-        if cuda:
-            return _gc.launch(x, records, exponents, n, view=True)
-        return _g.launch(x, records, exponents, n, view=True)
+        with _on(x):
+            return _view_gemm_cuda(x, records, exponents, n)
     nb, kb = records.shape[:2]
     counts = torch.zeros(nb, kb, dtype=torch.int32)
     escapes = torch.zeros(0, 2, dtype=torch.int16)
     return _ref.gemm(x, records, exponents, counts, escapes, n, view=True)
+
+
+def _view_gemm_cuda(x, records, exponents, n):
+    m, k = x.shape
+    cuda = m <= LARGE_M and _gc.usable(x, records, exponents, n)
+    if m > LARGE_M or (cuda and _gc.prefers_decode(m, n, k, view=True)):  # small matrices from 49 rows (H200)
+        return F.linear(x, _dec.decode(records, exponents, None, None, n, k, view=True))
+    if cuda:
+        return _gc.launch(x, records, exponents, n, view=True)
+    return _g.launch(x, records, exponents, n, view=True)
 
 
 @w12_view_gemm.register_fake

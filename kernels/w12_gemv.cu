@@ -1729,12 +1729,18 @@ size_t stream_smem(int stages) {
   return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + (VIEW ? 0 : 8 * StreamEsc<8 * NT>::BYTES);
 }
 
-// Raises a kernel's dynamic shared-memory limit to smem the first time a launch needs more (set: its limit so far).
+// Raises a kernel's dynamic shared-memory limit on the current device to smem the first time a launch there needs more
+// (set: its limit so far, per device: a function's attributes belong to each device's context, so a process that runs
+// layers on two GPUs sets them on each).
+constexpr int MAX_DEVICES = 64;
 template <typename Kern>
-cudaError_t raise_smem(Kern kern, size_t smem, size_t& set) {
-  if (smem <= set) return cudaSuccess;
+cudaError_t raise_smem(Kern kern, size_t smem, size_t (&set)[MAX_DEVICES]) {
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev)) return e;
+  if (dev < 0 || dev >= MAX_DEVICES) return cudaErrorInvalidDevice;
+  if (smem <= set[dev]) return cudaSuccess;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e == cudaSuccess) set = smem;
+  if (e == cudaSuccess) set[dev] = smem;
   return e;
 }
 
@@ -1744,7 +1750,7 @@ cudaError_t launch_stream(const void* x, int M, int ldx, const void* rec, const 
                           void* tickets, int wfirst, cudaStream_t st) {
   auto kern = w12_stream_kernel<NT, VIEW, W>;
   const size_t smem = stream_smem<NT, VIEW>(stages);
-  static size_t set = 0;  // this kernel's dynamic shared-memory limit so far
+  static size_t set[MAX_DEVICES] = {};  // this kernel's dynamic shared-memory limit so far, per device
   if (cudaError_t e = raise_smem(kern, smem, set)) return e;
   // at most one CTA per record: every CTA's range is then non-empty, so a row's segments are the CTAs p_lo .. p_hi
   kern<<<(int)min((long)ctas, (long)NB * KB), stream_threads<W>(), smem, st>>>(
@@ -1761,7 +1767,7 @@ cudaError_t launch_ws(const void* x, int M, int ldx, const void* rec, const void
   auto kern = w12_gemm_ws_kernel<NT, VIEW>;
   const int kps = (KB + split - 1) / split;
   const size_t smem = ws_smem<NT, VIEW>(kps);
-  static size_t set = 0;  // this kernel's dynamic shared-memory limit so far
+  static size_t set[MAX_DEVICES] = {};  // this kernel's dynamic shared-memory limit so far, per device
   if (cudaError_t e = raise_smem(kern, smem, set)) return e;
   const int mtiles = (M + 8 * NT - 1) / (8 * NT), mpad = mtiles * 8 * NT;
   const long words = (long)mpad * KB * 32;
