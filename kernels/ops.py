@@ -21,7 +21,7 @@ on every call (about six guards per tensor). Measured on a compiled decode step:
 made the guard check 2.7× BF16's (bench/results/2026-12-01-guard-cost-cpu.md); one per layer is BF16's count.
 """
 
-import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -40,11 +40,16 @@ from . import reference as _ref
 LARGE_M = 128
 
 
-def _on(x: torch.Tensor):
-    """A guard that makes x's GPU the current device for the call, where it is not already: the CUDA and Triton
-    kernels launch on the current device, and a model split over GPUs (device_map="auto") calls layers on others."""
-    i = x.device.index
-    return torch.cuda.device(i) if i is not None and i != torch.cuda.current_device() else contextlib.nullcontext()
+@functools.cache
+def _gpus() -> int:
+    return torch.cuda.device_count()
+
+
+def _other_gpu(x: torch.Tensor) -> bool:
+    """True when x is on a GPU other than the current device: the CUDA and Triton kernels launch on the current
+    device, and a model split over GPUs in one process (device_map="auto") calls layers on the others, so those calls
+    make x's GPU current. With one GPU this costs a cached call, not a device query per layer."""
+    return _gpus() > 1 and x.get_device() != torch.cuda.current_device()
 
 
 @torch.library.custom_op("w12::gemm", mutates_args=())
@@ -56,8 +61,10 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 
 def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
-        with _on(x):
-            return _gemm_cuda(x, records, exponents, escapes, esc_offsets, esc_cols, n)
+        if _other_gpu(x):
+            with torch.cuda.device(x.device):
+                return _gemm_cuda(x, records, exponents, escapes, esc_offsets, esc_cols, n)
+        return _gemm_cuda(x, records, exponents, escapes, esc_offsets, esc_cols, n)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
     return _ref.gemm(x, records, exponents, counts, escapes, n)
 
@@ -154,8 +161,10 @@ def _(x, packed, n, nnz):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
-        with _on(x):
-            return _view_gemm_cuda(x, records, exponents, n)
+        if _other_gpu(x):
+            with torch.cuda.device(x.device):
+                return _view_gemm_cuda(x, records, exponents, n)
+        return _view_gemm_cuda(x, records, exponents, n)
     nb, kb = records.shape[:2]
     counts = torch.zeros(nb, kb, dtype=torch.int32)
     escapes = torch.zeros(0, 2, dtype=torch.int16)
