@@ -5,10 +5,10 @@ machine with two GPUs (the device tool's nvidia-h100-x2):
     W12_CUDA=1 python bench/multi_gpu.py [--out OUT]
 
 The kernels launch on the current device (CUDA's runtime and Triton both), so kernels/ops.py makes the input's GPU
-current for such a call (ops._other_gpu). For each M (the skinny, ws and stream kernels, the Triton kernels and the decode +
-cuBLAS path) and for W12 and the view: a W12Linear on cuda:1, called with cuda:0 current, against the same layer on
-cuda:0 — the same bits — and against F.linear on the BF16 weight (within BF16 output rounding); then the layer on
-cuda:0 after cuda:1 ran (each device's kernel attributes are its own: w12_gemv.cu's raise_smem). Prints a table and
+current for such a call (ops._other_gpu). For each M (the skinny, ws and stream kernels, the Triton kernels and the
+decode + cuBLAS path) and for W12 and the view: a W12Linear on cuda:1, called with cuda:0 current, against the same
+layer on cuda:0 — the same bits — and against F.linear on the BF16 weight (within BF16 output rounding); then the layer
+on cuda:0 after cuda:1 ran (each device's kernel attributes are its own: w12_gemv.cu's raise_smem). Prints a table and
 writes OUT/multi_gpu.md.
 """
 
