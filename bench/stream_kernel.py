@@ -12,11 +12,13 @@ time limit (a wrong ring phase hangs, it does not fail; a count that fails is no
 escapes (more than one chunk of 16 per segment), more CTAs than records, N not a multiple of 128, M = 1, 3, 8, 13 and
 32, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal over three runs.
 Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs (CTAs per SM, ring
-stages, L2 evict_first on the record copies, 8 or 4 consumer warps), each checked against the reference and bit-equal
-over three runs, timed as bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the
-best three and the dispatched one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and
-OUT/stream_table.py after each shape, so that a call cut short keeps the shapes it finished (the entries where the stream kernel is ≥ 1.5 % faster, for gemm_cuda.STREAM_TABLE;
-`W12_STREAM_TABLE=OUT/stream_table.py python bench/kernels.py` then runs the full bench with them).
+stages, L2 evict_first on the record copies, 8 or 4 consumer warps; only those whose CTAs per SM the GPU's occupancy
+query says are resident together), each checked against the reference and bit-equal over three runs, timed as
+bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the best three and the dispatched
+one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and OUT/stream_table.py after each
+shape, so that a call cut short keeps the shapes it finished (the entries where the stream kernel is ≥ 1.5 % faster,
+for gemm_cuda.STREAM_TABLE; `W12_STREAM_TABLE=OUT/stream_table.py python bench/kernels.py` then runs the full bench
+with them).
 """
 
 import argparse
