@@ -23,6 +23,6 @@ cat <<EOF
 run(carry=["$dir"], timeout_s=600, command=
   "cd $dir && export W12_CACHE=\$PWD/.cache/w12 W12_CUDA=1 PYTHONUNBUFFERED=1 PYTHONPATH=\$PWD &&
    timeout 380 python bench/stream_kernel.py --ms 1,32 --out \$OUT 2>&1 | tail -40;
-   [ -s \$OUT/stream_table.py ] && W12_STREAM_TABLE=\$OUT/stream_table.py timeout 150 python bench/kernels.py --out \$OUT/k 2>&1 | tail -25;
+   [ -s \$OUT/stream_table.py ] && mkdir -p \$OUT/k && W12_STREAM_TABLE=\$OUT/stream_table.py timeout 150 python bench/kernels.py --out \$OUT/k 2>&1 | tail -25;
    timeout 50 python bench/stream_trace.py --libs st --out \$OUT 2>&1 | tail -15")
 EOF

@@ -1734,7 +1734,7 @@ size_t stream_smem(int stages) {
 // layers on two GPUs sets them on each).
 constexpr int MAX_DEVICES = 64;
 template <typename Kern>
-cudaError_t raise_smem(Kern kern, size_t smem, size_t (&set)[MAX_DEVICES]) {
+cudaError_t raise_smem(Kern kern, size_t smem, size_t* set) {  // set: [MAX_DEVICES]
   int dev = 0;
   if (cudaError_t e = cudaGetDevice(&dev)) return e;
   if (dev < 0 || dev >= MAX_DEVICES) return cudaErrorInvalidDevice;
@@ -1744,14 +1744,21 @@ cudaError_t raise_smem(Kern kern, size_t smem, size_t (&set)[MAX_DEVICES]) {
   return e;
 }
 
+// The stream kernel's dynamic shared-memory limit so far per device (raise_smem), one per instantiation: shared by its
+// launches and its occupancy query, which must not lower it under a launch that set it higher.
+template <int NT, bool VIEW, int W>
+size_t* stream_smem_set() {
+  static size_t set[MAX_DEVICES] = {};
+  return set;
+}
+
 template <int NT, bool VIEW, int W>
 cudaError_t launch_stream(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                           const void* tent, void* y, int ldy, int N, int NB, int KB, int ctas, int stages, void* ws,
                           void* tickets, int wfirst, cudaStream_t st) {
   auto kern = w12_stream_kernel<NT, VIEW, W>;
   const size_t smem = stream_smem<NT, VIEW>(stages);
-  static size_t set[MAX_DEVICES] = {};  // this kernel's dynamic shared-memory limit so far, per device
-  if (cudaError_t e = raise_smem(kern, smem, set)) return e;
+  if (cudaError_t e = raise_smem(kern, smem, stream_smem_set<NT, VIEW, W>())) return e;
   // at most one CTA per record: every CTA's range is then non-empty, so a row's segments are the CTAs p_lo .. p_hi
   kern<<<(int)min((long)ctas, (long)NB * KB), stream_threads<W>(), smem, st>>>(
       (const __nv_bfloat16*)x, M, ldx, (const uint8_t*)rec, (const uint8_t*)expo, (const int32_t*)toff,
@@ -1943,7 +1950,7 @@ cudaError_t stream_occupancy(int stages, int* blocks) {
   if (cudaError_t e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) return e;
   *blocks = 0;
   if (smem > (size_t)most) return cudaSuccess;
-  if (cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) return e;
+  if (cudaError_t e = raise_smem(kern, smem, stream_smem_set<NT, VIEW, W>())) return e;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kern, stream_threads<W>(), smem);
 }
 // Returns a cudaError_t; *blocks gets the count.
