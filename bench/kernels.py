@@ -620,7 +620,8 @@ def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs, diag=()):
                  f"{x['tb_w12']:.2f} | {x['tb_view']:.2f} | {x['c_cublas']:.1f} | {x['c_w12']:.1f} | {x['c_view']:.1f} | "
                  f"{x['c_cublas'] / x['c_w12']:.3f} | {x['tb_w12'] * x['w12'] / x['c_w12']:.2f} | {x['cfg']} |")
     md = "\n".join(L) + "\n"
-    path = os.path.join(args.out, f"{today}-kernels-h200.md")
+    card = "".join(w for w in torch.cuda.get_device_name().lower().split() if w[:1] == "h" and w[1:4].isdigit())
+    path = os.path.join(args.out, f"{today}-kernels-{card or 'gpu'}.md")  # the card: h100, h200
     with open(path, "w") as fh:
         fh.write(md)
     with open(os.path.join(args.out, "rows.json"), "w") as fh:
