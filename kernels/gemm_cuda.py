@@ -62,10 +62,16 @@ class StreamConfig:
     warps: int = 8  # consumer warps: 8 of 16 channels each, or 4 of 32 (half the X tile's shared-memory reads)
 
 
-# (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured faster than the kernel that
-# took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).  Empty until the
-# kernel (prepared in session 40, without a GPU) is measured.
-STREAM_TABLE: dict = {}
+# (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured ≥ 1.5 % faster than the
+# kernel that took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).
+# Session 42, on an H100 (the only card lent; 2026-12-05-stream-kernel-h100-s42-call2.md): at M = 1 and 16 it lost on
+# every shape; at 17–32 rows it won on these two (4.9 % and 3.3 %, the view 7.3 %), where the ws kernel's
+# grid leaves a part-empty last wave.  Not yet confirmed on an H200.
+STREAM_TABLE: dict = {
+    (10240, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
+    (51200, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
+    (51200, 5120, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4),
+}
 
 
 # Per SM on the H100 / H200: 228 KB of shared memory (1 KB of it reserved per CTA).

@@ -43,9 +43,10 @@ def test_table_hit_and_rule():
 
 
 def test_kernel_choice(monkeypatch):
-    """The ws kernel where WS_TABLE measured it faster, then the skinny kernel where its TABLE measured the shape at
-    that M; shapes outside the tables by the rule (bench/unseen_shapes.py): the skinny kernel up to M = 8, at
-    9–16 below N = 51200, at 17–32 below 4 M weights and at 33–64 below 1 M, elsewhere the ws kernel with
+    """The stream kernel where STREAM_TABLE measured it faster, the ws kernel where WS_TABLE did, then the skinny
+    kernel where its TABLE measured the shape at that M; shapes outside the tables by the rule (bench/unseen_shapes.py):
+    the skinny kernel up to M = 8, at 9–16 below N = 51200, at 17–32 below 4 M weights and at 33–64 below 1 M, elsewhere
+    the ws kernel with
     ws_rule_config (nt covers M; split fills one wave, ≥ 16 records each, ≤ 8); None above M = 128, where
     dispatched_config refuses."""
     kf = gc.kernel_for
@@ -53,7 +54,10 @@ def test_kernel_choice(monkeypatch):
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
     assert kf(32, 4096, 14336) == kf(64, 4096, 4096) == "ws"
     assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == "skinny"
-    assert kf(16, 51200, 5120) == "skinny" and kf(17, 51200, 5120) == "ws"
+    assert kf(16, 51200, 5120) == "skinny" and kf(17, 51200, 5120) == "stream" and kf(33, 51200, 5120) == "ws"
+    assert kf(32, 10240, 5120) == kf(32, 51200, 5120, view=True) == "stream" and kf(32, 10240, 5120, view=True) == "ws"
+    monkeypatch.setattr(gc, "STREAM_TABLE", {})
+    assert kf(17, 51200, 5120) == "ws"
     monkeypatch.setattr(gc, "WS_TABLE", {})  # the skinny TABLE's measured buckets, then the rule
     assert kf(1, 151936, 5120) == kf(16, 6144, 4096) == kf(32, 4096, 4096) == kf(64, 51200, 5120) == "skinny"
     assert kf(128, 4096, 4096) == "ws" and kf(129, 4096, 4096) is None
