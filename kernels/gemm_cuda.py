@@ -65,7 +65,7 @@ class StreamConfig:
 # (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured ≥ 1.5 % faster than the
 # kernel that took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).
 # Session 42, on an H100 (the only card lent; 2026-12-05-stream-kernel-h100-s42-call2.md): at M = 1 and 16 it lost on
-# every shape; at 17–32 rows it won on these two (4.9 % and 3.3 %, the view 7.3 %), where the ws kernel's
+# every shape (tied on one LM head at 16); at 17–32 rows it won on these two (4.9 % and 3.3 %, the view 7.3 %), where the ws kernel's
 # grid leaves a part-empty last wave.  Not yet confirmed on an H200.
 STREAM_TABLE: dict = {
     (10240, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
