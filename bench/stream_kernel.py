@@ -194,8 +194,8 @@ def main():
     assert all(1 <= m <= 32 for m in ms), "--ms: rows of X from 1 to 32"
     bad = residency_rule()
     rule = ("- CTAs per SM: gemm_cuda.stream_fits agrees with the GPU's occupancy query on every config" if not bad else
-            "- CTAs per SM: gemm_cuda.stream_fits DISAGREES with the GPU's occupancy query (the timing used the GPU's): "
-            + "; ".join(f"M={m} view={v} {name(c)[7:]}: {r} resident" for m, v, c, r in bad[:12]))
+            "- CTAs per SM: gemm_cuda.stream_fits DISAGREES with the GPU's occupancy query (the timing used the "
+            "GPU's): " + "; ".join(f"M={m} view={v} {name(c)[7:]}: {r} resident" for m, v, c, r in bad[:12]))
     print(rule, flush=True)
     rows, t0 = [], time.time()
     for si, (n, k) in enumerate(SHAPES):  # the files are rewritten after each shape: a call cut short keeps its rows

@@ -64,9 +64,9 @@ class StreamConfig:
 
 # (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured ≥ 1.5 % faster than the
 # kernel that took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).
-# Session 42, on an H100 (the only card lent; 2026-12-05-stream-kernel-h100-s42-call2.md): at M = 1 and 16 it lost on
-# every shape (tied on one LM head at 16); at 17–32 rows it won on these two (4.9 % and 3.3 %, the view 7.3 %), where the ws kernel's
-# grid leaves a part-empty last wave.  Not yet confirmed on an H200.
+# Session 42, on an H100 (the only card lent; 2026-12-05-stream-kernel-h100-s42-call2.md): at M = 1 and 16 it lost
+# on every shape (tied on one LM head at 16); at 17–32 rows it won on these two (4.9 % and 3.3 %, the view 7.3 %),
+# where the ws kernel's grid leaves a part-empty last wave.  Not yet confirmed on an H200.
 STREAM_TABLE: dict = {
     (10240, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
     (51200, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
@@ -98,9 +98,9 @@ def stream_fits(cfg: "StreamConfig", m: int, view: bool) -> bool:
 
 
 def stream_key(m: int, n: int, k: int, view: bool = False) -> tuple:
-    """STREAM_TABLE's key of a call with m ≤ 32 rows: the M bucket is 1 for one row (a decode step; bench/stream_kernel.py
-    measures it on its own, so that a win there does not dispatch M = 2–8 unmeasured), else the 8, 16 or 32 rows of
-    its tile."""
+    """STREAM_TABLE's key of a call with m ≤ 32 rows: the M bucket is 1 for one row (a decode step;
+    bench/stream_kernel.py measures it on its own, so that a win there does not dispatch M = 2–8 unmeasured), else the
+    8, 16 or 32 rows of its tile."""
     return (n, k, 1 if m == 1 else 8 * _nt_for(m), view)
 
 WS_NTS = (2, 4, 6, 8, 16)
