@@ -75,21 +75,6 @@ __device__ __forceinline__ uint64_t weight_policy(int pct) {
   return pct > 0 ? normal : first;
 }
 
-// EXPERIMENT (session 43): a one-wave matrix's records fetched into L2 at the kernel's start, each CTA a share of its
-// record row's (the 8 CTAs of a row: records a + (c & 7) + 8i), when the matrix holds at most W12_L2PF_MB MB.
-#ifndef W12_L2PF_MB
-#define W12_L2PF_MB 0
-#endif
-#ifndef W12_L2PF_HINT
-#define W12_L2PF_HINT 0
-#endif
-__device__ __forceinline__ void l2_prefetch(const uint8_t* p, uint32_t bytes, uint64_t pol) {
-  if (W12_L2PF_HINT)
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes), "l"(pol) : "memory");
-  else
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // cp.async: global -> shared without holding registers (completed by cp_async_wait_all)
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
@@ -632,8 +617,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
   gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-  if (W12_L2PF_MB > 0 && warp == WARPS - 1 && (size_t)(gridDim.x / 8) * KB * REC <= ((size_t)W12_L2PF_MB << 20))
-    for (int kb = a + (c & 7) + 8 * lane; kb < b; kb += 256) l2_prefetch(base + (size_t)kb * REC, VIEW ? VIEW_BYTES : REC, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
