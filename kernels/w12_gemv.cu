@@ -1401,13 +1401,6 @@ constexpr int STREAM_ECH = 16;  // escape entries per chunk (lanes 0–15 each s
 // with 8, the 8-warp nt = 4 W12 build spilled into its record loop (96-register cap).
 constexpr int STREAM_LOADS = 6;
 
-// Partials per batch that a split row's last-arriving warp copies into its escape staging (W12: H tiles' StreamEsc,
-// free at that point) beside the STREAM_LOADS / nt it holds in registers: one partial's nt n-tiles are nt · 512
-// bytes, a tile's staging 16 · (12 + 32 · nt), so one per tile the warp takes.  With them a 4096² row's ~9 partials
-// (two CTAs per SM) take 5 L2 round trips per tile at nt = 4 instead of 9, 3 with 4 warps (two tiles' staging).
-template <int NT, int W>
-__host__ __device__ constexpr int stream_staged() { return 8 / W; }
-
 // One 16-channel tile's escapes of a segment (tile c = nb·8 + tile, records [ka, kend) of row nb), staged in its
 // warp's shared memory by cp.async (no registers held) in three steps whose loads depend on each other: the offsets
 // (start, registers), the entries of a chunk (entries), their columns' X words for rows m < M (xwords, issued once
@@ -1522,7 +1515,6 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, long T, float* __restrict__ ws, int* __restrict__ tickets,
     int stages, int wfirst) {
   static_assert(W == 8 || W == 4, "8 or 4 consumer warps");
-  static_assert(VIEW || stream_staged<NT, W>() * NT * 512 <= (8 / W) * StreamEsc<8 * NT>::BYTES, "staging");
   constexpr int MT = 8 * NT, XB = MT * 128, SLOT = stream_slot<NT, VIEW>(), H = 8 / W;  // H: tiles per warp
   constexpr uint32_t WBYTES = VIEW ? VIEW_BYTES : REC;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -1694,18 +1686,11 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
         __threadfence();
 #pragma unroll
         for (int h = 0; h < H; ++h) {
-          constexpr int QB = STREAM_LOADS / NT > 0 ? STREAM_LOADS / NT : 1;  // partials per batch in registers
-          constexpr int SQ = VIEW ? 0 : stream_staged<NT, W>();  // and through the warp's escape staging
-          float4* st = reinterpret_cast<float4*>(s_esc + u0 * StreamEsc<MT>::BYTES);  // [SQ][NT][32], this lane's
+          constexpr int QB = STREAM_LOADS / NT > 0 ? STREAM_LOADS / NT : 1;  // partials per batch, loaded together
           float4 a[NT];
 #pragma unroll
           for (int jj = 0; jj < NT; ++jj) a[jj] = make_float4(0.f, 0.f, 0.f, 0.f);
-          for (int q0 = plo; q0 <= phi; q0 += QB + SQ) {  // each n-tile's partials added in CTA order
-#pragma unroll
-            for (int k = 0; k < SQ; ++k)
-              if (q0 + QB + k <= phi)
-#pragma unroll
-                for (int jj = 0; jj < NT; ++jj) cp_async16_cg(saddr(st + (k * NT + jj) * 32 + lane), part(q0 + QB + k, h, jj));
+          for (int q0 = plo; q0 <= phi; q0 += QB) {  // each n-tile's partials added in CTA order
             float4 v[QB][NT];
 #pragma unroll
             for (int k = 0; k < QB; ++k)
@@ -1717,14 +1702,6 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
               if (q0 + k <= phi)
 #pragma unroll
                 for (int jj = 0; jj < NT; ++jj) add4(a[jj], v[k][jj]);
-            if (SQ > 0) {
-              cp_async_wait_all();  // this lane's copies: it reads back only its own float4s
-#pragma unroll
-              for (int k = 0; k < SQ; ++k)
-                if (q0 + QB + k <= phi)
-#pragma unroll
-                  for (int jj = 0; jj < NT; ++jj) add4(a[jj], st[(k * NT + jj) * 32 + lane]);
-            }
           }
           float sum[NT][4];
 #pragma unroll
@@ -1733,7 +1710,6 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
           stream_store<NT>(sum, y, ldy, N, M, nb * 128 + 16 * (u0 + h), g, t);
         }
         if (lane == 0) tickets[nb * 8 + u0] = 0;
-        __syncwarp();  // the staging read back before the next segment's escapes reuse it
       }
     }
     if (i + 1 == n) break;
