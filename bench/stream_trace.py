@@ -12,6 +12,9 @@ partial and ticket), and of the producer's waits for an empty slot, as fractions
 wait on `full` while the producer seldom waits on `empty`, the ring cannot bring the records in fast enough (bytes in
 flight × fetch time); if the producer waits and the consumers seldom do, the consumers' chain bounds the loop.  Per
 case the stamped output is checked against the landed build's bits; phases are medians over RUNS flushed replays.
+A last table per case lists the CTAs that end last (late_ctas): whether the same ones are late on every replay, late
+from their first record or in their loop, and alone or with the other CTAs on their SM — the one-wave shapes' slowest
+CTAs took 22 µs against a 13 µs median (session 42), and not for their split-row sums (session 43).
 """
 
 import os
@@ -91,6 +94,42 @@ def waits(buf: list, ctas: int) -> list:
                                                            100 * w[1] / cyc, 100 * w[4] / cyc], len(WAIT_COLS))
 
 
+LATE_COLS = ["CTA", "SM", "records", "exit µs", "first record µs", "record loop µs", "latest 5 % in",
+             "its SM's other CTAs: exit µs"]
+
+
+def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
+    """Which CTAs end last, and are they the same ones on every replay?  Per CTA, medians over the replays of its exit
+    (µs from the first CTA's entry), its first record (µs from its setup to warp 0's first full slot) and its record
+    loop (µs); the `show` CTAs with the latest median exit, each with how many replays had it among the latest 5 % of
+    CTAs, and the exits of the CTAs that shared its SM (a late CTA whose neighbours end late too points at its SM or
+    its memory partition; one that ends late alone, at its own work).  Returns the lines of a markdown table."""
+    per, late = [[] for _ in range(ctas)], [0] * ctas
+    sm = [None] * ctas
+    for buf in bufs:
+        rows = cta_rows(buf, ctas)
+        live = [c for c in range(ctas) if rows[c][0]]  # CTAs with records (the others return before any stamp)
+        t0 = min(rows[c][0] for c in live)
+        for c in sorted(live, key=lambda c: rows[c][3], reverse=True)[:max(1, len(live) // 20)]:
+            late[c] += 1
+        for c in live:
+            r = rows[c]
+            sm[c] = r[7]
+            per[c].append(((r[3] - t0) / 1e3, (r[2] - r[1]) / 1e3, (r[3] - r[2]) / 1e3, r[11]))
+    med = {c: [statistics.median(v[i] for v in per[c]) for i in range(4)] for c in range(ctas) if per[c]}
+    exits = sorted(med[c][0] for c in med)
+    pct = lambda q: exits[min(len(exits) - 1, int(q * len(exits)))]  # noqa: E731
+    out = [f"**{label}**: exit µs median {pct(0.5):.1f}, p90 {pct(0.9):.1f}, max {exits[-1]:.1f} "
+           f"({len(bufs)} replays)", "",
+           "| " + " | ".join(LATE_COLS) + " |", "|---" * len(LATE_COLS) + "|"]
+    for c in sorted(med, key=lambda c: med[c][0], reverse=True)[:show]:
+        e, first, loop, recs = med[c]
+        mates = " ".join(f"{med[o][0]:.1f}" for o in med if o != c and sm[o] == sm[c])
+        out.append(f"| {c} | {sm[c]} | {recs:.0f} | {e:.1f} | {first:.1f} | {loop:.1f} | {late[c]} of {len(bufs)} | "
+                   f"{mates or '–'} |")
+    return out + [""]
+
+
 def run(lib_dir: Path, runs: int, out: str):
     from kernels import Mat
 
@@ -104,13 +143,14 @@ def run(lib_dir: Path, runs: int, out: str):
             yield (f"{n}×{k} | {m} | stream {cps}/{stages}, {warps} warps", min(cps * sms, (n + 127) // 128 * (k // 64)),
                    lambda: mt.run(x, cuda=cfg), lambda: torch.matmul(x, mt.w.t()))
 
-    lines, wlines = trace_all(lib_dir, cases(), runs, phases, waits, 2)
+    lines, wlines, late = trace_all(lib_dir, cases(), runs, phases, waits, 2, late_ctas)
     text = report(
         "stream kernel: one call's phases from globaltimer stamps", "stream_trace.py",
         f"phases: µs, medians over {runs} flushed replays, 'CTA in' and 'last CTA out' from the first CTA's entry, the "
         "others per CTA (median, or max); 'record loop' is consumer warp 0's, from its first full slot to its end", lines,
         "Where the record loop waits (clock64; consumer warp 0's lane 0 and the producer's; medians over the CTAs, then "
         "over the replays), as % of warp 0's loop", wlines, PHASES, WAIT_COLS)
+    text += "\n".join(["", "## The CTAs that end last", "", *late])
     Path(out, "stream_trace.md").write_text(text)
     print(text)
 

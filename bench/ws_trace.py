@@ -199,7 +199,8 @@ def load_libs(lib_dir: Path) -> tuple:
 def trace_case(libs: tuple, call, cublas, ctas: int, runs: int, phases_of, waits_of) -> tuple:
     """One case: `call` (the kernel through gemm_cuda.library) with the landed library — its bits and do_bench µs —,
     cuBLAS's µs (`cublas`), the stamped library's bits (asserted equal) and µs, then `runs` flushed replays.  Returns
-    (µs cuBLAS, landed, stamped, medians of phases_of(words, ctas), medians of waits_of(words, ctas))."""
+    (µs cuBLAS, landed, stamped, medians of phases_of(words, ctas), medians of waits_of(words, ctas), every replay's
+    words)."""
     from kernels import bench
 
     from w12.kernels import gemm_cuda as gc
@@ -212,12 +213,13 @@ def trace_case(libs: tuple, call, cublas, ctas: int, runs: int, phases_of, waits
     t_stamped = bench(call)
     bufs = flushed_traces(stamped, call, ctas, runs)
     med = lambda rows: [statistics.median(r[i] for r in rows) for i in range(len(rows[0]))]  # noqa: E731
-    return t_cublas, t_landed, t_stamped, med([phases_of(b, ctas) for b in bufs]), med([waits_of(b, ctas) for b in bufs])
+    return (t_cublas, t_landed, t_stamped, med([phases_of(b, ctas) for b in bufs]),
+            med([waits_of(b, ctas) for b in bufs]), bufs)
 
 
 def case_rows(label: str, ctas: int, res: tuple, ghz_col: int) -> tuple:
     """A case's row of the phases table and of the waits table (label: 'N×K | M | config'); res: trace_case's."""
-    t_cublas, t_landed, t_stamped, figs, wfigs = res
+    t_cublas, t_landed, t_stamped, figs, wfigs = res[:5]
     row = (f"| {label} | {ctas} | {t_cublas:.1f} | {t_landed:.1f} | {t_stamped:.1f} | "
            + " | ".join(f"{v:.1f}" for v in figs) + " |")
     wrow = f"| {label} | " + " | ".join(f"{v:.2f}" if i == ghz_col else f"{v:.0f}" for i, v in enumerate(wfigs)) + " |"
@@ -239,19 +241,23 @@ def report(title: str, script: str, phase_note: str, lines: list, wait_note: str
         "| N×K | M | config | " + " | ".join(wait_cols) + " |", "|---" * (3 + len(wait_cols)) + "|", *wlines]) + "\n"
 
 
-def trace_all(lib_dir: Path, cases, runs: int, phases_of, waits_of, ghz_col: int) -> tuple:
+def trace_all(lib_dir: Path, cases, runs: int, phases_of, waits_of, ghz_col: int, detail=None) -> tuple:
     """Both tables' rows for `cases`: an iterator of (label 'N×K | M | config', CTAs, the kernel call, cuBLAS's call),
-    each case made as it comes, so that its matrix is freed before the next."""
+    each case made as it comes, so that its matrix is freed before the next; and detail(label, ctas, replays' words)'s
+    lines per case, if given."""
     libs = load_libs(lib_dir)
-    lines, wlines = [], []
+    lines, wlines, dlines = [], [], []
     for label, ctas, call, cublas in cases:
         assert ctas <= MAX_CTAS
-        row, wrow = case_rows(label, ctas, trace_case(libs, call, cublas, ctas, runs, phases_of, waits_of), ghz_col)
+        res = trace_case(libs, call, cublas, ctas, runs, phases_of, waits_of)
+        row, wrow = case_rows(label, ctas, res, ghz_col)
         lines.append(row)
         wlines.append(wrow)
-        del call, cublas
+        if detail:
+            dlines += detail(label, ctas, res[5])
+        del call, cublas, res
         torch.cuda.empty_cache()
-    return lines, wlines
+    return lines, wlines, dlines
 
 
 def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
@@ -268,7 +274,7 @@ def run(lib_dir: Path, runs: int, out: str, x_kinds=("randn",)):
             yield (f"{n}×{k} | {m} | {kind}", (n + 127) // 128 * ((m + 8 * nt - 1) // (8 * nt)) * split,
                    lambda: mt.run(x, view=view, cuda=cfg), lambda: torch.matmul(x, mt.w.t()))
 
-    lines, wlines = trace_all(lib_dir, cases(), runs, phases, waits, 1)
+    lines, wlines, _ = trace_all(lib_dir, cases(), runs, phases, waits, 1)
     text = report(
         "ws kernel: one call's phases from globaltimer stamps", "ws_trace.py",
         f"phases: µs, medians over {runs} flushed replays of the captured call (X reorder + ws kernel); 'reorder end', "

@@ -325,6 +325,29 @@ def test_ws_diagnostics_patch_the_current_kernel():
     assert stamped.count("W12_STAMP(W12_CTA + ") == 4  # entry, setup, first full slot, loop end
 
 
+def test_stream_trace_names_the_ctas_that_end_last():
+    """bench/stream_trace.py's late-CTA table from trace words: the CTA that ends last on every replay heads it, with
+    how often it was among the latest 5 % and the exits of the CTAs on its SM; a CTA without records (no stamps) is
+    left out."""
+    st, words = _bench_module("stream_trace"), _bench_module("ws_trace").WORDS
+    ctas, bufs = 40, []
+    for rep in range(3):
+        buf = [0] * (8 + words * ctas)
+        for c in range(ctas - 1):  # the last CTA had no records
+            r = 8 + words * c
+            late = 6000 if c == 7 else 0  # CTA 7 gets its first record 6 µs late on every replay
+            buf[r + 0], buf[r + 1] = 1000 + c, 1300 + c
+            buf[r + 2] = buf[r + 1] + 2500 + late
+            buf[r + 3] = buf[r + 2] + 11000 + 37 * ((c * 7 + rep) % 11)
+            buf[r + 7], buf[r + 11] = c // 2, 8  # SM id (two CTAs per SM), records
+        bufs.append(buf)
+    lines = st.late_ctas("4096×4096 | 1 | test", ctas, bufs, show=3)
+    first = [cell.strip() for cell in lines[4].strip("|").split("|")]
+    assert first[:3] == ["7", "3", "8"] and first[4] == "8.5" and first[6] == "3 of 3", lines
+    assert float(first[7]) < float(first[3]) - 5  # its SM's other CTA ended ~6 µs earlier
+    assert len(lines) == 4 + 3 + 1 and not any(line.startswith("| 39 |") for line in lines)
+
+
 def test_ab_kernel_clock_samples_fall_into_their_spans():
     """bench/ab_kernel.py --clocks: nvidia-smi's CSV lines parsed (unreadable ones skipped), and each timed span gets the
     median SM clock and the highest power of the samples inside it only."""
