@@ -95,38 +95,40 @@ def waits(buf: list, ctas: int) -> list:
 
 
 LATE_COLS = ["CTA", "SM", "records", "exit µs", "first record µs", "record loop µs", "latest 5 % in",
-             "its SM's other CTAs: exit µs"]
+             "its SM's other CTAs: latest exit µs"]
 
 
 def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
     """Which CTAs end last, and are they the same ones on every replay?  Per CTA, medians over the replays of its exit
-    (µs from the first CTA's entry), its first record (µs from its setup to warp 0's first full slot) and its record
-    loop (µs); the `show` CTAs with the latest median exit, each with how many replays had it among the latest 5 % of
-    CTAs, and the exits of the CTAs that shared its SM (a late CTA whose neighbours end late too points at its SM or
-    its memory partition; one that ends late alone, at its own work).  Returns the lines of a markdown table."""
-    per, late = [[] for _ in range(ctas)], [0] * ctas
-    sm = [None] * ctas
+    (µs from the first CTA's entry), its first record (µs from its setup to warp 0's first full slot), its record loop
+    (µs) and the latest exit of the other CTAs on its SM in the same replay; the `show` CTAs with the latest median
+    exit, each with how many replays had it among the latest 5 % of CTAs and its SM ('varies' if it moved between
+    replays).  A late CTA whose SM's other CTAs end late too points at its SM or its memory partition; one that ends
+    late alone, at its own work.  Returns the lines of a markdown table."""
+    per, late, sms = [[] for _ in range(ctas)], [0] * ctas, [set() for _ in range(ctas)]
     for buf in bufs:
         rows = cta_rows(buf, ctas)
         live = [c for c in range(ctas) if rows[c][0]]  # CTAs with records (the others return before any stamp)
         t0 = min(rows[c][0] for c in live)
-        for c in sorted(live, key=lambda c: rows[c][3], reverse=True)[:max(1, len(live) // 20)]:
+        exit_us = {c: (rows[c][3] - t0) / 1e3 for c in live}
+        for c in sorted(live, key=exit_us.get, reverse=True)[:max(1, len(live) // 20)]:
             late[c] += 1
         for c in live:
-            r = rows[c]
-            sm[c] = r[7]
-            per[c].append(((r[3] - t0) / 1e3, (r[2] - r[1]) / 1e3, (r[3] - r[2]) / 1e3, r[11]))
-    med = {c: [statistics.median(v[i] for v in per[c]) for i in range(4)] for c in range(ctas) if per[c]}
+            r = rows[c]  # stamps 0 entry, 1 setup, 2 first full slot, 3 loop end; 7 SM id; 8 + 3 records (w12_sw[3])
+            sms[c].add(r[7])
+            mates = [exit_us[o] for o in live if o != c and rows[o][7] == r[7]]
+            per[c].append((exit_us[c], (r[2] - r[1]) / 1e3, (r[3] - r[2]) / 1e3, r[11], max(mates, default=0.0)))
+    med = {c: [statistics.median(v[i] for v in per[c]) for i in range(5)] for c in range(ctas) if per[c]}
     exits = sorted(med[c][0] for c in med)
     pct = lambda q: exits[min(len(exits) - 1, int(q * len(exits)))]  # noqa: E731
     out = [f"**{label}**: exit µs median {pct(0.5):.1f}, p90 {pct(0.9):.1f}, max {exits[-1]:.1f} "
            f"({len(bufs)} replays)", "",
            "| " + " | ".join(LATE_COLS) + " |", "|---" * len(LATE_COLS) + "|"]
     for c in sorted(med, key=lambda c: med[c][0], reverse=True)[:show]:
-        e, first, loop, recs = med[c]
-        mates = " ".join(f"{med[o][0]:.1f}" for o in med if o != c and sm[o] == sm[c])
-        out.append(f"| {c} | {sm[c]} | {recs:.0f} | {e:.1f} | {first:.1f} | {loop:.1f} | {late[c]} of {len(bufs)} | "
-                   f"{mates or '–'} |")
+        e, first, loop, recs, mate = med[c]
+        sm = str(next(iter(sms[c]))) if len(sms[c]) == 1 else "varies"
+        out.append(f"| {c} | {sm} | {recs:.0f} | {e:.1f} | {first:.1f} | {loop:.1f} | {late[c]} of {len(bufs)} | "
+                   f"{mate:.1f} |")
     return out + [""]
 
 
