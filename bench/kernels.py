@@ -11,7 +11,8 @@
 3. --sweep: tries candidate Triton configs per (shape, M bucket) and keeps the fastest (printed as a
    TABLE); --cuda-sweep does the same for the CUDA skinny kernel (kernels/w12_gemv.cu, M ≤ 64), each
    candidate checked against the reference before it is timed.
-4. Times W12 (what torch.ops.w12.gemm dispatches to: CUDA for M ≤ 64, Triton above), the Triton kernel
+4. Times W12 (what torch.ops.w12.gemm dispatches to: the CUDA kernels of kernels/w12_gemv.cu for M ≤ 128 —
+   skinny, stream or ws by gemm_cuda.kernel_for —, Triton where the CUDA build is unavailable), the Triton kernel
    alone, view and cuBLAS (`torch.matmul(x, w.t())`) with triton.testing.do_bench (launches queued,
    L2 flushed, median). Bytes read: W12 = 12 KB per record + x; view = 8 KB per record + x;
    cuBLAS = 2·N·K + x. At 4.0 TB/s a W12 weight costs 0.375 ps, a bf16 weight 0.5 ps: the byte-floor
@@ -321,11 +322,15 @@ def candidates(n, k, m, view):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--cuda-sweep", action="store_true")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--shapes", type=int, default=len(SHAPES))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", action="store_true",
+                    help="also sweep the Triton kernel's configs per shape and M; writes OUT/table.py")
+    ap.add_argument("--cuda-sweep", action="store_true",
+                    help="also sweep the CUDA skinny kernel's configs (M of --sweep-ms); writes OUT/cuda_table.py")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."),
+                    help="folder for the results table (default: $OUT, else the current folder)")
+    ap.add_argument("--shapes", type=int, default=len(SHAPES),
+                    help=f"run the first this many of the {len(SHAPES)} shapes (default: all)")
     ap.add_argument("--sweep-ms", default="1,16,32,64", help="--cuda-sweep: the M values swept (comma-separated)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -26,9 +26,9 @@ def answer(model, tok, text: str, max_new_tokens: int) -> tuple[list[int], str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bf16_dir")
-    ap.add_argument("w12_dir")
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("bf16_dir", help="the BF16 checkpoint folder (config, tokenizer, safetensors)")
+    ap.add_argument("w12_dir", help="its W12 conversion (`w12 convert BF16_DIR W12_DIR`)")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
     args = ap.parse_args(argv)
 
     import torch
