@@ -113,11 +113,14 @@ def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
         exit_us = {c: (rows[c][3] - t0) / 1e3 for c in live}
         for c in sorted(live, key=exit_us.get, reverse=True)[:max(1, len(live) // 20)]:
             late[c] += 1
+        on_sm = {}  # SM id -> the CTAs that ran on it in this replay
+        for c in live:
+            on_sm.setdefault(rows[c][7], []).append(c)
         for c in live:
             r = rows[c]  # stamps 0 entry, 1 setup, 2 first full slot, 3 loop end; 7 SM id; 8 + 3 records (w12_sw[3])
             sms[c].add(r[7])
-            mates = [exit_us[o] for o in live if o != c and rows[o][7] == r[7]]
-            per[c].append((exit_us[c], (r[2] - r[1]) / 1e3, (r[3] - r[2]) / 1e3, r[11], max(mates, default=0.0)))
+            mate = max((exit_us[o] for o in on_sm[r[7]] if o != c), default=0.0)
+            per[c].append((exit_us[c], (r[2] - r[1]) / 1e3, (r[3] - r[2]) / 1e3, r[11], mate))
     med = {c: [statistics.median(v[i] for v in per[c]) for i in range(5)] for c in range(ctas) if per[c]}
     exits = sorted(med[c][0] for c in med)
     pct = lambda q: exits[min(len(exits) - 1, int(q * len(exits)))]  # noqa: E731
