@@ -56,8 +56,8 @@ REPLACE = [  # (text in the landed source, its stamped form); each must occur on
      f"    const unsigned long long w12_se = {ME} ? {CLK} : 0;\n"),
     ("    if (i + 1 == n) break;\n",
      f"    if ({ME}) w12_sw[1] += {CLK} - w12_se;\n    if (i + 1 == n) break;\n"),
-    ("    row_start();\n  }\n}\n",
-     f"    row_start();\n  }}\n  if ({ME}) {{\n    w12_sw[6] = {CLK};\n    W12_STAMP(W12_CTA + 3);\n"
+    ("    row_start(false);\n  }\n}\n",
+     f"    row_start(false);\n  }}\n  if ({ME}) {{\n    w12_sw[6] = {CLK};\n    W12_STAMP(W12_CTA + 3);\n"
      "    unsigned smid;\n    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
      "    g_ws_trace[W12_CTA + 7] = smid;\n"
      "    for (int w12_i = 0; w12_i < 7; ++w12_i)\n"

@@ -81,10 +81,10 @@ SM_SMEM, CTA_SMEM_RESERVED = 233472, 1024
 def stream_smem(m: int, view: bool, stages: int) -> int:
     """w12_gemv.cu's stream_smem: 128 (alignment) + stages · (slot + two mbarriers) + (W12) 8 tiles' escape staging;
     a slot is the X tile (8·nt rows × 128 B) and the record's bytes (12 KB; the view 8 KB); a tile's staging is 16
-    entries × (8 + 4 · 8·nt + 4) bytes."""
+    entries × (8 + 4 · 8·nt + 4) bytes, and (W12) the next row's escape offsets, 8 tiles × 2 int32."""
     nt = _nt_for(m)
     slot = 8 * nt * 128 + (8192 if view else 12288)
-    return 128 + stages * (slot + 16) + (0 if view else 8 * 16 * (8 + 32 * nt + 4))
+    return 128 + stages * (slot + 16) + (0 if view else 8 * 16 * (8 + 32 * nt + 4) + 64)
 
 
 def stream_fits(cfg: "StreamConfig", m: int, view: bool) -> bool:

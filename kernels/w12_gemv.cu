@@ -1522,6 +1522,7 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
   uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)stages * SLOT);             // [stages]
   uint64_t* empty = full + stages;                                                           // [stages]
   uint8_t* s_esc = reinterpret_cast<uint8_t*>(empty + stages);                               // (W12) [8 tiles][BYTES]
+  int* s_next = reinterpret_cast<int*>(s_esc + 8 * StreamEsc<MT>::BYTES);  // (W12) [8 tiles][2]: next row's e_lo, e_hi
   const int P = gridDim.x, p = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long g0 = stream_first(p, P, T), g1 = stream_first(p + 1, P, T);
   const int n = (int)(g1 - g0);
@@ -1575,15 +1576,38 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
   int nb = (int)(g0 / KB), kb = (int)(g0 % KB), ka = kb;
   auto seg_end = [&](int row) { return (int)min((long)KB, g1 - (long)row * KB); };  // kend of row's segment
   int Eg[H], Eg8[H];  // the exponents of channels g, g + 8 of each tile
-  auto row_start = [&]() {  // the exponents and escape offsets of row nb's segment, records [ka, seg_end(nb))
+  // Row nb's segment, records [ka, seg_end(nb)): its exponents, its escape offsets (the CTA's first row: loaded here;
+  // a later row: staged in s_next while the row before streamed) and its first chunk of entries, issued at once; the
+  // next row's offsets staged in s_next.  A CTA whose range spans two rows otherwise waited at its mid-loop segment
+  // end for those loads one after the other (the CTAs that end last: 2026-12-06-stream-trace-late-ctas-h100-s44).
+  auto row_start = [&](bool first) {
+    if (!VIEW && !first) warp_copies_in();  // s_next
 #pragma unroll
     for (int h = 0; h < H; ++h) {
       Eg[h] = __ldg(expo + nb * 128 + 16 * (u0 + h) + g), Eg8[h] = __ldg(expo + nb * 128 + 16 * (u0 + h) + g + 8);
-      if (!VIEW) esc[h].start(toff, nb * 8 + u0 + h, KB, ka, seg_end(nb));
+      if (VIEW) continue;
+      const int c = nb * 8 + u0 + h;
+      if (first)
+        esc[h].start(toff, c, KB, ka, seg_end(nb));
+      else
+        esc[h].e_lo = s_next[2 * (u0 + h)], esc[h].e_hi = s_next[2 * (u0 + h) + 1];
+    }
+    if (VIEW) return;
+    __syncwarp();  // s_next read by every lane before lane 0 refills it
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+      const int c = nb * 8 + u0 + h;
+      if (lane == 0 && (long)(nb + 1) * KB < g1) {
+        cp_async4(s_next + 2 * (u0 + h), toff + (long)(c + 8) * KB);
+        cp_async4(s_next + 2 * (u0 + h) + 1, toff + (long)(c + 8) * KB + seg_end(nb + 1));
+      }
+      esc[h].entries(tent, esc[h].e_lo, lane);
     }
   };
-  row_start();
-  int step = 0;  // escape steps done for the segment's first chunks: 1 = entries, 2 = their X words
+  row_start(true);
+  // escape steps done for the segment's first chunk: 1 = entries (row_start), 2 = their X words, fetched after record
+  // xat of the segment (0 in the CTA's first row, whose entries had the first record's wait to land; 2 later)
+  int step = 1, xat = 0;
   float acc[H][NT][4];
 #pragma unroll
   for (int h = 0; h < H; ++h)
@@ -1617,18 +1641,11 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
     if (++s == stages) s = 0, ph ^= 1u;
     const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
     const int seen = kb - ka;                     // records of the segment before this one
-    if (!VIEW && !last) {  // the escape steps two records apart, each load's latency under the records' stream
-      if (seen == 1 && step == 0) {
+    if (!VIEW && !last && seen == xat && step == 1) {  // the X words of the first chunk, under the records' stream
+      warp_copies_in();  // the entries
 #pragma unroll
-        for (int h = 0; h < H; ++h) esc[h].entries(tent, esc[h].e_lo, lane);
-        step = 1;
-      }
-      if (seen == 3 && step == 1) {
-        warp_copies_in();  // the entries
-#pragma unroll
-        for (int h = 0; h < H; ++h) esc[h].xwords(x, ldx, M, esc[h].e_lo, lane);
-        step = 2;
-      }
+      for (int h = 0; h < H; ++h) esc[h].xwords(x, ldx, M, esc[h].e_lo, lane);
+      step = 2;
     }
     if (!last) {
       ++kb;
@@ -1714,19 +1731,19 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
     }
     if (i + 1 == n) break;
     // ---- the next row's segment
-    ++nb, kb = 0, ka = 0, step = 0;
+    ++nb, kb = 0, ka = 0, step = 1, xat = 2;
 #pragma unroll
     for (int h = 0; h < H; ++h)
 #pragma unroll
       for (int jj = 0; jj < NT; ++jj) acc[h][jj][0] = acc[h][jj][1] = acc[h][jj][2] = acc[h][jj][3] = 0.f;
-    row_start();
+    row_start(false);
   }
 }
 
 // ring, barriers and (W12) the 8 tiles' escape staging
 template <int NT, bool VIEW>
 size_t stream_smem(int stages) {
-  return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + (VIEW ? 0 : 8 * StreamEsc<8 * NT>::BYTES);
+  return 128 + (size_t)stages * (stream_slot<NT, VIEW>() + 16) + (VIEW ? 0 : 8 * StreamEsc<8 * NT>::BYTES + 64);
 }
 
 // Raises a kernel's dynamic shared-memory limit on the current device to smem the first time a launch there needs more
