@@ -34,8 +34,9 @@ CASES = [(151936, 5120, 1, (2, 6, 8)), (4096, 4096, 1, (2, 6, 8)), (4096, 4096, 
 
 CLK = "w12_clk()"
 ME = "warp == 0 && lane == 0"
-# w12_sw (per CTA, shared, atomicAdd): 0 warp 0's full-wait cycles, 1 its segment-end cycles, 3 records, 4 the
-# producer's empty-wait cycles, 5 / 6 clock64 at warp 0's first full slot / at its loop's end.
+# w12_sw (per CTA, shared, atomicAdd): 0 warp 0's full-wait cycles, 1 its segment-end cycles, 2 those of its mid-loop
+# segment ends (a CTA whose range spans two rows), 3 records, 4 the producer's empty-wait cycles, 5 / 6 clock64 at
+# warp 0's first full slot / at its loop's end.
 REPLACE = [  # (text in the landed source, its stamped form); each must occur once
     ("  const int n = (int)(g1 - g0);\n  if (n == 0) return;\n",
      "  const int n = (int)(g1 - g0);\n  if (n == 0) return;\n"
@@ -55,7 +56,8 @@ REPLACE = [  # (text in the landed source, its stamped form); each must occur on
      "    // ---- the segment of row nb ends here: records [ka, kb] of it\n"
      f"    const unsigned long long w12_se = {ME} ? {CLK} : 0;\n"),
     ("    if (i + 1 == n) break;\n",
-     f"    if ({ME}) w12_sw[1] += {CLK} - w12_se;\n    if (i + 1 == n) break;\n"),
+     f"    if ({ME}) {{\n      const unsigned long long w12_d = {CLK} - w12_se;\n      w12_sw[1] += w12_d;\n"
+     "      if (i + 1 < n) w12_sw[2] += w12_d;\n    }\n    if (i + 1 == n) break;\n"),
     ("    row_start(false);\n  }\n}\n",
      f"    row_start(false);\n  }}\n  if ({ME}) {{\n    w12_sw[6] = {CLK};\n    W12_STAMP(W12_CTA + 3);\n"
      "    unsigned smid;\n    asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));\n"
@@ -94,17 +96,22 @@ def waits(buf: list, ctas: int) -> list:
                                                            100 * w[1] / cyc, 100 * w[4] / cyc], len(WAIT_COLS))
 
 
-LATE_COLS = ["CTA", "SM", "records", "exit µs", "first record µs", "record loop µs", "latest 5 % in",
+LATE_COLS = ["CTA", "SM", "records", "exit µs", "first record µs", "record loop µs", "full wait µs",
+             "segment ends µs (mid-loop)", "producer empty wait µs", "latest 5 % in",
              "its SM's other CTAs: latest exit µs"]
 
 
 def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
     """Which CTAs end last, and are they the same ones on every replay?  Per CTA, medians over the replays of its exit
     (µs from the first CTA's entry), its first record (µs from its setup to warp 0's first full slot), its record loop
-    (µs) and the latest exit of the other CTAs on its SM in the same replay; the `show` CTAs with the latest median
-    exit, each with how many replays had it among the latest 5 % of CTAs and its SM ('varies' if it moved between
-    replays).  A late CTA whose SM's other CTAs end late too points at its SM or its memory partition; one that ends
-    late alone, at its own work.  Returns the lines of a markdown table."""
+    (µs) and, within that loop, warp 0's waits for a full slot, its segment ends (all, and the mid-loop ones of a CTA
+    spanning two rows) and the producer's waits for an empty slot (clock64 counts at the CTA's own clock: loop cycles
+    over loop ns), and the latest exit of the other CTAs on its SM in the same replay; the `show` CTAs with the latest
+    median exit, each with how many replays had it among the latest 5 % of CTAs and its SM ('varies' if it moved
+    between replays), then the median over all CTAs of each column.  A late CTA whose SM's other CTAs end late too
+    points at its SM or its memory partition; one that ends late alone, at its own work — and its waits say which:
+    full waits, records that reach it late; segment ends, its own row-end work.  Returns the lines of a markdown
+    table."""
     per, late, sms = [[] for _ in range(ctas)], [0] * ctas, [set() for _ in range(ctas)]
     for buf in bufs:
         rows = cta_rows(buf, ctas)
@@ -117,21 +124,29 @@ def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
         for c in live:
             on_sm.setdefault(rows[c][7], []).append(c)
         for c in live:
-            r = rows[c]  # stamps 0 entry, 1 setup, 2 first full slot, 3 loop end; 7 SM id; 8 + 3 records (w12_sw[3])
+            r = rows[c]  # stamps 0 entry, 1 setup, 2 first full slot, 3 loop end; 7 SM id; 8 + i: w12_sw[i]
             sms[c].add(r[7])
             mate = max((exit_us[o] for o in on_sm[r[7]] if o != c), default=0.0)
-            per[c].append((exit_us[c], (r[2] - r[1]) / 1e3, (r[3] - r[2]) / 1e3, r[11], mate))
-    med = {c: [statistics.median(v[i] for v in per[c]) for i in range(5)] for c in range(ctas) if per[c]}
+            loop_ns, cyc = r[3] - r[2], r[14] - r[13]
+            us = (lambda n: n * loop_ns / cyc / 1e3) if cyc > 0 and loop_ns > 0 else (lambda n: float("nan"))
+            per[c].append((exit_us[c], (r[2] - r[1]) / 1e3, loop_ns / 1e3, r[11], us(r[8]), us(r[9]), us(r[10]),
+                           us(r[12]), mate))
+    cols = 9  # the figures appended per replay above
+    med = {c: [statistics.median(v[i] for v in per[c]) for i in range(cols)] for c in range(ctas) if per[c]}
     exits = sorted(med[c][0] for c in med)
     pct = lambda q: exits[min(len(exits) - 1, int(q * len(exits)))]  # noqa: E731
     out = [f"**{label}**: exit µs median {pct(0.5):.1f}, p90 {pct(0.9):.1f}, max {exits[-1]:.1f} "
            f"({len(bufs)} replays)", "",
            "| " + " | ".join(LATE_COLS) + " |", "|---" * len(LATE_COLS) + "|"]
+
+    def cells(v):  # records, exit, first record, loop, full wait, segment ends (mid-loop), producer empty wait
+        return f"{v[3]:.0f} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} | {v[4]:.1f} | {v[5]:.1f} ({v[6]:.1f}) | {v[7]:.1f}"
+
     for c in sorted(med, key=lambda c: med[c][0], reverse=True)[:show]:
-        e, first, loop, recs, mate = med[c]
         sm = str(next(iter(sms[c]))) if len(sms[c]) == 1 else "varies"
-        out.append(f"| {c} | {sm} | {recs:.0f} | {e:.1f} | {first:.1f} | {loop:.1f} | {late[c]} of {len(bufs)} | "
-                   f"{mate:.1f} |")
+        out.append(f"| {c} | {sm} | {cells(med[c])} | {late[c]} of {len(bufs)} | {med[c][8]:.1f} |")
+    every = [statistics.median(med[c][i] for c in med) for i in range(cols)]
+    out.append(f"| all CTAs (median) | | {cells(every)} | | {every[8]:.1f} |")
     return out + [""]
 
 

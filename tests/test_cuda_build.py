@@ -328,8 +328,9 @@ def test_ws_diagnostics_patch_the_current_kernel():
 
 def test_stream_trace_names_the_ctas_that_end_last():
     """bench/stream_trace.py's late-CTA table from trace words: the CTA that ends last on every replay heads it, with
-    how often it was among the latest 5 % and the exits of the CTAs on its SM; a CTA without records (no stamps) is
-    left out."""
+    how often it was among the latest 5 % and the exits of the CTAs on its SM, and its waits in µs at its own clock
+    (clock64 counts over its loop's cycles per ns); a CTA without records (no stamps) is left out; a last row gives
+    the median over all CTAs."""
     st, words = _bench_module("stream_trace"), _bench_module("ws_trace").WORDS
     ctas, bufs = 40, []
     for rep in range(3):
@@ -341,12 +342,19 @@ def test_stream_trace_names_the_ctas_that_end_last():
             buf[r + 2] = buf[r + 1] + 2500 + late
             buf[r + 3] = buf[r + 2] + 11000 + 37 * ((c * 7 + rep) % 11)
             buf[r + 7], buf[r + 11] = c // 2, 8  # SM id (two CTAs per SM), records
+            loop = buf[r + 3] - buf[r + 2]  # ns; the SM clock at 2 GHz: 2 cycles per ns
+            buf[r + 13], buf[r + 14] = 10 ** 6, 10 ** 6 + 2 * loop
+            buf[r + 8], buf[r + 12] = 3000, 1000  # warp 0's full waits 1.5 µs, the producer's empty waits 0.5 µs
+            buf[r + 9], buf[r + 10] = (9000, 8000) if c == 7 else (1000, 0)  # CTA 7: a 4 µs mid-loop segment end
         bufs.append(buf)
     lines = st.late_ctas("4096×4096 | 1 | test", ctas, bufs, show=3)
     first = [cell.strip() for cell in lines[4].strip("|").split("|")]
-    assert first[:3] == ["7", "3", "8"] and first[4] == "8.5" and first[6] == "3 of 3", lines
-    assert float(first[7]) < float(first[3]) - 5  # its SM's other CTA ended ~6 µs earlier
-    assert len(lines) == 4 + 3 + 1 and not any(line.startswith("| 39 |") for line in lines)
+    assert first[:3] == ["7", "3", "8"] and first[4] == "8.5" and first[9] == "3 of 3", lines
+    assert first[6:9] == ["1.5", "4.5 (4.0)", "0.5"], lines
+    assert float(first[10]) < float(first[3]) - 5  # its SM's other CTA ended ~6 µs earlier
+    every = [cell.strip() for cell in lines[7].strip("|").split("|")]
+    assert every[0] == "all CTAs (median)" and every[2] == "8" and every[4] == "2.5" and every[7] == "0.5 (0.0)", lines
+    assert len(lines) == 4 + 3 + 1 + 1 and not any(line.startswith("| 39 |") for line in lines)
 
 
 def test_ab_kernel_clock_samples_fall_into_their_spans():
