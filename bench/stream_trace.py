@@ -36,11 +36,13 @@ CLK = "w12_clk()"
 ME = "warp == 0 && lane == 0"
 # w12_sw (per CTA, shared, atomicAdd): 0 warp 0's full-wait cycles, 1 its segment-end cycles, 2 those of its mid-loop
 # segment ends (a CTA whose range spans two rows), 3 records, 4 the producer's empty-wait cycles, 5 / 6 clock64 at
-# warp 0's first full slot / at its loop's end.
+# warp 0's first full slot / at its loop's end.  w12_sx (warp 0's segment ends, split): 0 / 1 the scale and escapes
+# (all / mid-loop), 2 / 3 a split row's partial store, fence and ticket (all / mid-loop); trace words 4, 5, 6, 15.
 REPLACE = [  # (text in the landed source, its stamped form); each must occur once
     ("  const int n = (int)(g1 - g0);\n  if (n == 0) return;\n",
      "  const int n = (int)(g1 - g0);\n  if (n == 0) return;\n"
-     "  if (tid == 0) W12_STAMP(W12_CTA + 0);\n  if (tid < 8) w12_sw[tid] = 0;\n"),
+     "  if (tid == 0) W12_STAMP(W12_CTA + 0);\n  if (tid < 8) w12_sw[tid] = 0;\n"
+     "  __shared__ unsigned long long w12_sx[4];\n  if (tid < 4) w12_sx[tid] = 0;\n"),
     ("    mbar_init_fence();\n  }\n  __syncthreads();\n",
      "    mbar_init_fence();\n  }\n  __syncthreads();\n  if (tid == 0) W12_STAMP(W12_CTA + 1);\n"),
     ("      if (i >= stages) mbar_wait(empty + s, ph);\n",
@@ -55,6 +57,13 @@ REPLACE = [  # (text in the landed source, its stamped form); each must occur on
     ("    // ---- the segment of row nb ends here: records [ka, kb] of it\n",
      "    // ---- the segment of row nb ends here: records [ka, kb] of it\n"
      f"    const unsigned long long w12_se = {ME} ? {CLK} : 0;\n"),
+    ("    const long row0 = (long)nb * KB;\n",
+     f"    unsigned long long w12_sp = 0;\n    if ({ME}) {{\n      w12_sp = {CLK};\n      w12_sx[0] += w12_sp - w12_se;\n"
+     "      if (i + 1 < n) w12_sx[1] += w12_sp - w12_se;\n    }\n    const long row0 = (long)nb * KB;\n"),
+    ("      tk = __shfl_sync(0xffffffffu, tk, 0);\n",
+     f"      tk = __shfl_sync(0xffffffffu, tk, 0);\n      if ({ME}) {{\n"
+     f"        const unsigned long long w12_d = {CLK} - w12_sp;\n        w12_sx[2] += w12_d;\n"
+     "        if (i + 1 < n) w12_sx[3] += w12_d;\n      }\n"),
     ("    if (i + 1 == n) break;\n",
      f"    if ({ME}) {{\n      const unsigned long long w12_d = {CLK} - w12_se;\n      w12_sw[1] += w12_d;\n"
      "      if (i + 1 < n) w12_sw[2] += w12_d;\n    }\n    if (i + 1 == n) break;\n"),
@@ -64,6 +73,8 @@ REPLACE = [  # (text in the landed source, its stamped form); each must occur on
      "    g_ws_trace[W12_CTA + 7] = smid;\n"
      "    for (int w12_i = 0; w12_i < 7; ++w12_i)\n"
      "      g_ws_trace[W12_CTA + 8 + w12_i] = reinterpret_cast<volatile unsigned long long*>(w12_sw)[w12_i];\n"
+     "    g_ws_trace[W12_CTA + 4] = w12_sx[0], g_ws_trace[W12_CTA + 5] = w12_sx[1];\n"
+     "    g_ws_trace[W12_CTA + 6] = w12_sx[2], g_ws_trace[W12_CTA + 15] = w12_sx[3];\n"
      "  }\n}\n"),
 ]
 PHASES = ["first CTA in", "last CTA in", "setup", "first record", "record loop", "record loop (max)", "last CTA out"]
@@ -97,15 +108,16 @@ def waits(buf: list, ctas: int) -> list:
 
 
 LATE_COLS = ["CTA", "SM", "records", "exit µs", "first record µs", "record loop µs", "full wait µs",
-             "segment ends µs (mid-loop)", "producer empty wait µs", "latest 5 % in",
-             "its SM's other CTAs: latest exit µs"]
+             "segment ends µs (mid-loop)", "of which escapes", "of which partial, fence, ticket",
+             "producer empty wait µs", "latest 5 % in", "its SM's other CTAs: latest exit µs"]
 
 
 def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
     """Which CTAs end last, and are they the same ones on every replay?  Per CTA, medians over the replays of its exit
     (µs from the first CTA's entry), its first record (µs from its setup to warp 0's first full slot), its record loop
     (µs) and, within that loop, warp 0's waits for a full slot, its segment ends (all, and the mid-loop ones of a CTA
-    spanning two rows) and the producer's waits for an empty slot (clock64 counts at the CTA's own clock: loop cycles
+    spanning two rows; of those, the scale and escapes, and a split row's partial store, fence and ticket — the rest
+    is row sums and stores) and the producer's waits for an empty slot (clock64 counts at the CTA's own clock: loop cycles
     over loop ns), and the latest exit of the other CTAs on its SM in the same replay; the `show` CTAs with the latest
     median exit, each with how many replays had it among the latest 5 % of CTAs and its SM ('varies' if it moved
     between replays), then the median over all CTAs of each column.  A late CTA whose SM's other CTAs end late too
@@ -130,8 +142,8 @@ def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
             loop_ns, cyc = r[3] - r[2], r[14] - r[13]
             us = (lambda n: n * loop_ns / cyc / 1e3) if cyc > 0 and loop_ns > 0 else (lambda n: float("nan"))
             per[c].append((exit_us[c], (r[2] - r[1]) / 1e3, loop_ns / 1e3, r[11], us(r[8]), us(r[9]), us(r[10]),
-                           us(r[12]), mate))
-    cols = 9  # the figures appended per replay above
+                           us(r[12]), mate, us(r[4]), us(r[5]), us(r[6]), us(r[15])))
+    cols = 13  # the figures appended per replay above
     med = {c: [statistics.median(v[i] for v in per[c]) for i in range(cols)] for c in range(ctas) if per[c]}
     exits = sorted(med[c][0] for c in med)
     pct = lambda q: exits[min(len(exits) - 1, int(q * len(exits)))]  # noqa: E731
@@ -139,8 +151,10 @@ def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
            f"({len(bufs)} replays)", "",
            "| " + " | ".join(LATE_COLS) + " |", "|---" * len(LATE_COLS) + "|"]
 
-    def cells(v):  # records, exit, first record, loop, full wait, segment ends (mid-loop), producer empty wait
-        return f"{v[3]:.0f} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} | {v[4]:.1f} | {v[5]:.1f} ({v[6]:.1f}) | {v[7]:.1f}"
+    def cells(v):  # records, exit, first record, loop, full wait, segment ends, escapes, partials (each: mid-loop),
+        #             producer empty wait
+        return (f"{v[3]:.0f} | {v[0]:.1f} | {v[1]:.1f} | {v[2]:.1f} | {v[4]:.1f} | {v[5]:.1f} ({v[6]:.1f}) | "
+                f"{v[9]:.1f} ({v[10]:.1f}) | {v[11]:.1f} ({v[12]:.1f}) | {v[7]:.1f}")
 
     for c in sorted(med, key=lambda c: med[c][0], reverse=True)[:show]:
         sm = str(next(iter(sms[c]))) if len(sms[c]) == 1 else "varies"

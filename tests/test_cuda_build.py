@@ -346,14 +346,17 @@ def test_stream_trace_names_the_ctas_that_end_last():
             buf[r + 13], buf[r + 14] = 10 ** 6, 10 ** 6 + 2 * loop
             buf[r + 8], buf[r + 12] = 3000, 1000  # warp 0's full waits 1.5 µs, the producer's empty waits 0.5 µs
             buf[r + 9], buf[r + 10] = (9000, 8000) if c == 7 else (1000, 0)  # CTA 7: a 4 µs mid-loop segment end
+            buf[r + 4], buf[r + 5] = (4000, 3000) if c == 7 else (600, 0)  # of which escapes: 1.5 µs mid-loop
+            buf[r + 6], buf[r + 15] = (4000, 4000) if c == 7 else (200, 0)  # partial, fence, ticket: 2 µs mid-loop
         bufs.append(buf)
     lines = st.late_ctas("4096×4096 | 1 | test", ctas, bufs, show=3)
     first = [cell.strip() for cell in lines[4].strip("|").split("|")]
-    assert first[:3] == ["7", "3", "8"] and first[4] == "8.5" and first[9] == "3 of 3", lines
-    assert first[6:9] == ["1.5", "4.5 (4.0)", "0.5"], lines
-    assert float(first[10]) < float(first[3]) - 5  # its SM's other CTA ended ~6 µs earlier
+    assert first[:3] == ["7", "3", "8"] and first[4] == "8.5" and first[11] == "3 of 3", lines
+    assert first[6:11] == ["1.5", "4.5 (4.0)", "2.0 (1.5)", "2.0 (2.0)", "0.5"], lines
+    assert float(first[12]) < float(first[3]) - 5  # its SM's other CTA ended ~6 µs earlier
     every = [cell.strip() for cell in lines[7].strip("|").split("|")]
-    assert every[0] == "all CTAs (median)" and every[2] == "8" and every[4] == "2.5" and every[7] == "0.5 (0.0)", lines
+    assert every[0] == "all CTAs (median)" and every[2] == "8" and every[4] == "2.5", lines
+    assert every[7:10] == ["0.5 (0.0)", "0.3 (0.0)", "0.1 (0.0)"], lines
     assert len(lines) == 4 + 3 + 1 + 1 and not any(line.startswith("| 39 |") for line in lines)
 
 
