@@ -1613,53 +1613,6 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
   for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.f;
-  // A split row's partials: CTA q's partial of row r, tile u0 + h, n-tile jj, for this lane.  Row r is the first row
-  // of each CTA q in plo + 1 .. phi (their ranges start inside it), and of plo when plo's range starts at the row:
-  // partial slot 0 there, else 1 (plo's last row).
-  float4* ws4 = reinterpret_cast<float4*>(ws);
-  auto part = [&](int r, int q, int h, int jj) {
-    const long r0 = (long)r * KB;
-    const int plo = stream_owner(r0, P, T);
-    const int which = q > plo || stream_first(plo, P, T) == r0 ? 0 : 1;
-    return ws4 + (((((size_t)q * 2 + which) * 8 + u0 + h) * NT + jj) * 32 + lane);
-  };
-  // Row r's ticket (its partials published and fenced); the last of its segments to arrive adds them in CTA order
-  auto row_ticket = [&](int r) {
-    const long r0 = (long)r * KB;
-    const int plo = stream_owner(r0, P, T), phi = stream_owner(r0 + KB - 1, P, T);
-    int tk = 0;
-    if (lane == 0) tk = atomicAdd(tickets + r * 8 + u0, 1);
-    tk = __shfl_sync(0xffffffffu, tk, 0);
-    if (tk != phi - plo) return;
-    __threadfence();
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-      constexpr int QB = STREAM_LOADS / NT > 0 ? STREAM_LOADS / NT : 1;  // partials per batch, loaded together
-      float4 a[NT];
-#pragma unroll
-      for (int jj = 0; jj < NT; ++jj) a[jj] = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int q0 = plo; q0 <= phi; q0 += QB) {  // each n-tile's partials added in CTA order
-        float4 v[QB][NT];
-#pragma unroll
-        for (int k = 0; k < QB; ++k)
-          if (q0 + k <= phi)
-#pragma unroll
-            for (int jj = 0; jj < NT; ++jj) v[k][jj] = __ldcg(part(r, q0 + k, h, jj));
-#pragma unroll
-        for (int k = 0; k < QB; ++k)
-          if (q0 + k <= phi)
-#pragma unroll
-            for (int jj = 0; jj < NT; ++jj) add4(a[jj], v[k][jj]);
-      }
-      float sum[NT][4];
-#pragma unroll
-      for (int jj = 0; jj < NT; ++jj) sum[jj][0] = a[jj].x, sum[jj][1] = a[jj].y, sum[jj][2] = a[jj].z, sum[jj][3] = a[jj].w;
-      stream_store<NT>(sum, y, ldy, N, M, r * 128 + 16 * (u0 + h), g, t);
-    }
-    if (lane == 0) tickets[r * 8 + u0] = 0;
-  };
-  int pend = -1;     // the CTA's first row when a mid-loop segment left a partial of it: its ticket at the end
-  bool fin = false;  // the CTA's last segment left a partial
   int s = 0;
   uint32_t ph = 0;
   for (int i = 0; i < n; ++i) {
@@ -1723,25 +1676,58 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
         }
     }
     const long row0 = (long)nb * KB;
-    if (stream_owner(row0, P, T) == stream_owner(row0 + KB - 1, P, T)) {
+    const int plo = stream_owner(row0, P, T), phi = stream_owner(row0 + KB - 1, P, T);
+    if (plo == phi) {
 #pragma unroll
       for (int h = 0; h < H; ++h) stream_store<NT>(out[h], y, ldy, N, M, nb * 128 + 16 * (u0 + h), g, t);
-    } else {  // part of a row: partial (CTA p, its first or last row) into ws; the row's ticket at the CTA's end
+    } else {  // part of a row: partial (CTA p, its first or last row) into ws, then the warp's ticket for the row
+      float4* ws4 = reinterpret_cast<float4*>(ws);
+      // Row nb is the first row of each CTA q in plo + 1 .. phi (their ranges start inside it), and of plo when plo's
+      // range starts at the row: partial slot 0 there, else 1 (plo's last row).
+      const bool lo_first = stream_first(plo, P, T) == row0;
+      auto part = [&](int q, int h, int jj) {  // CTA q's partial of row nb, tile u0 + h, n-tile jj, for this lane
+        const int which = q > plo || lo_first ? 0 : 1;
+        return ws4 + (((((size_t)q * 2 + which) * 8 + u0 + h) * NT + jj) * 32 + lane);
+      };
 #pragma unroll
       for (int h = 0; h < H; ++h)
 #pragma unroll
         for (int jj = 0; jj < NT; ++jj)
-          __stcg(part(nb, p, h, jj), make_float4(out[h][jj][0], out[h][jj][1], out[h][jj][2], out[h][jj][3]));
-      if (i + 1 < n) pend = nb;
-      else fin = true;
-    }
-    if (i + 1 == n) {  // the split rows' tickets: the CTA's first row (a mid-loop segment's), then its last
-      if (pend >= 0 || fin) {
+          __stcg(part(p, h, jj), make_float4(out[h][jj][0], out[h][jj][1], out[h][jj][2], out[h][jj][3]));
+      __threadfence();
+      __syncwarp();
+      int tk = 0;
+      if (lane == 0) tk = atomicAdd(tickets + nb * 8 + u0, 1);
+      tk = __shfl_sync(0xffffffffu, tk, 0);
+      if (tk == phi - plo) {  // the last of the row's segments to arrive: add them in CTA order
         __threadfence();
-        __syncwarp();
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+          constexpr int QB = STREAM_LOADS / NT > 0 ? STREAM_LOADS / NT : 1;  // partials per batch, loaded together
+          float4 a[NT];
+#pragma unroll
+          for (int jj = 0; jj < NT; ++jj) a[jj] = make_float4(0.f, 0.f, 0.f, 0.f);
+          for (int q0 = plo; q0 <= phi; q0 += QB) {  // each n-tile's partials added in CTA order
+            float4 v[QB][NT];
+#pragma unroll
+            for (int k = 0; k < QB; ++k)
+              if (q0 + k <= phi)
+#pragma unroll
+                for (int jj = 0; jj < NT; ++jj) v[k][jj] = __ldcg(part(q0 + k, h, jj));
+#pragma unroll
+            for (int k = 0; k < QB; ++k)
+              if (q0 + k <= phi)
+#pragma unroll
+                for (int jj = 0; jj < NT; ++jj) add4(a[jj], v[k][jj]);
+          }
+          float sum[NT][4];
+#pragma unroll
+          for (int jj = 0; jj < NT; ++jj)
+            sum[jj][0] = a[jj].x, sum[jj][1] = a[jj].y, sum[jj][2] = a[jj].z, sum[jj][3] = a[jj].w;
+          stream_store<NT>(sum, y, ldy, N, M, nb * 128 + 16 * (u0 + h), g, t);
+        }
+        if (lane == 0) tickets[nb * 8 + u0] = 0;
       }
-      if (pend >= 0) row_ticket(pend);
-      if (fin) row_ticket(nb);
     }
     if (i + 1 == n) break;
     // ---- the next row's segment
