@@ -58,7 +58,8 @@ REPLACE = [  # (text in the landed source, its stamped form); each must occur on
      "    // ---- the segment of row nb ends here: records [ka, kb] of it\n"
      f"    const unsigned long long w12_se = {ME} ? {CLK} : 0;\n"),
     ("    const long row0 = (long)nb * KB;\n",
-     f"    unsigned long long w12_sp = 0;\n    if ({ME}) {{\n      w12_sp = {CLK};\n      w12_sx[0] += w12_sp - w12_se;\n"
+     f"    unsigned long long w12_sp = 0;\n    if ({ME}) {{\n      w12_sp = {CLK};\n"
+     "      w12_sx[0] += w12_sp - w12_se;\n"
      "      if (i + 1 < n) w12_sx[1] += w12_sp - w12_se;\n    }\n    const long row0 = (long)nb * KB;\n"),
     ("      tk = __shfl_sync(0xffffffffu, tk, 0);\n",
      f"      tk = __shfl_sync(0xffffffffu, tk, 0);\n      if ({ME}) {{\n"
@@ -117,10 +118,10 @@ def late_ctas(label: str, ctas: int, bufs: list, show: int = 6) -> list:
     (µs from the first CTA's entry), its first record (µs from its setup to warp 0's first full slot), its record loop
     (µs) and, within that loop, warp 0's waits for a full slot, its segment ends (all, and the mid-loop ones of a CTA
     spanning two rows; of those, the scale and escapes, and a split row's partial store, fence and ticket — the rest
-    is row sums and stores) and the producer's waits for an empty slot (clock64 counts at the CTA's own clock: loop cycles
-    over loop ns), and the latest exit of the other CTAs on its SM in the same replay; the `show` CTAs with the latest
-    median exit, each with how many replays had it among the latest 5 % of CTAs and its SM ('varies' if it moved
-    between replays), then the median over all CTAs of each column.  A late CTA whose SM's other CTAs end late too
+    is row sums and stores) and the producer's waits for an empty slot (clock64 counts at the CTA's own clock: loop
+    cycles over loop ns), and the latest exit of the other CTAs on its SM in the same replay; the `show` CTAs with the
+    latest median exit, each with how many replays had it among the latest 5 % of CTAs and its SM ('varies' if it
+    moved between replays), then the median over all CTAs of each column.  A late CTA whose SM's other CTAs end late too
     points at its SM or its memory partition; one that ends late alone, at its own work — and its waits say which:
     full waits, records that reach it late; segment ends, its own row-end work.  Returns the lines of a markdown
     table."""
