@@ -1605,9 +1605,10 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
     }
   };
   row_start(true);
-  // escape steps done for the segment's first chunk: 1 = entries (row_start), 2 = their X words, fetched after record
-  // xat of the segment (0 in the CTA's first row, whose entries had the first record's wait to land; 2 later)
-  int step = 1, xat = 0;
+  // the segment's first chunk of escapes: its entries issued by row_start, its X words (xstaged) after record xat of
+  // the segment (0 in the CTA's first row, whose entries had the first record's wait to land; 2 later)
+  bool xstaged = false;
+  int xat = 0;
   float acc[H][NT][4];
 #pragma unroll
   for (int h = 0; h < H; ++h)
@@ -1641,11 +1642,11 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
     if (++s == stages) s = 0, ph ^= 1u;
     const bool last = kb == KB - 1 || i == n - 1;  // the segment's last record
     const int seen = kb - ka;                     // records of the segment before this one
-    if (!VIEW && !last && seen == xat && step == 1) {  // the X words of the first chunk, under the records' stream
+    if (!VIEW && !last && seen == xat && !xstaged) {  // the X words of the first chunk, under the records' stream
       warp_copies_in();  // the entries
 #pragma unroll
       for (int h = 0; h < H; ++h) esc[h].xwords(x, ldx, M, esc[h].e_lo, lane);
-      step = 2;
+      xstaged = true;
     }
     if (!last) {
       ++kb;
@@ -1665,9 +1666,9 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
 #pragma unroll
       for (int h = 0; h < H; ++h)
         for (int base = esc[h].e_lo; base < esc[h].e_hi; base += STREAM_ECH) {
-          const bool staged = base == esc[h].e_lo;  // the first chunk: step says what was staged while streaming
-          if (!staged || step < 1) esc[h].entries(tent, base, lane);
-          if (!staged || step < 2) {
+          const bool staged = base == esc[h].e_lo;  // the first chunk: its entries staged, its X words if xstaged
+          if (!staged) esc[h].entries(tent, base, lane);
+          if (!staged || !xstaged) {
             warp_copies_in();
             esc[h].xwords(x, ldx, M, base, lane);
           }
@@ -1731,7 +1732,7 @@ __global__ void __launch_bounds__(stream_threads<W>(), stream_min_ctas<NT, W>())
     }
     if (i + 1 == n) break;
     // ---- the next row's segment
-    ++nb, kb = 0, ka = 0, step = 1, xat = 2;
+    ++nb, kb = 0, ka = 0, xstaged = false, xat = 2;
 #pragma unroll
     for (int h = 0; h < H; ++h)
 #pragma unroll
