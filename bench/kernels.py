@@ -561,8 +561,7 @@ def main():
                 c = f"cuda-ws {cc.nt}/{cc.split}" + (f" tail {cc.tail}" if cc.tail > 1 else "")
             elif kind == "stream":
                 cc = gc.dispatched_config(m, n, k)
-                c = (f"cuda-stream {cc.ctas_per_sm}/{cc.stages}" + (f" w{cc.warps}" if cc.warps != 8 else "")
-                     + (" ef" if cc.evict_first else ""))
+                c = "cuda-" + stream_name(cc)
             else:
                 c = f"triton {c.bm}/{c.split}/{c.num_warps}/{c.num_stages}/{c.ptx}"
             rows.append(dict(n=n, k=k, m=m, cublas=t_cb, w12=t_w, triton=t_t, view=t_v,
@@ -584,6 +583,12 @@ def geo(v):
     """Geometric mean of the measured values (NaN: not measured, left out; nan when none is)."""
     v = [a for a in v if a == a]
     return math.exp(sum(math.log(a) for a in v) / len(v)) if v else float("nan")
+
+
+def stream_name(c) -> str:
+    """A StreamConfig as the tables print it: "stream CTAs per SM/stages [w4] [ef] [al]"."""
+    return (f"stream {c.ctas_per_sm}/{c.stages}" + (f" w{c.warps}" if c.warps != 8 else "")
+            + (" ef" if c.evict_first else "") + (" al" if c.aligned else ""))
 
 
 def write_results(rows, checks, args, dev, graph_ok, comp_ok, secs, diag=()):

@@ -12,7 +12,8 @@ time limit (a wrong ring phase hangs, it does not fail; a count that fails is no
 escapes (more than one chunk of 16 per segment), more CTAs than records, N not a multiple of 128, M = 1, 3, 8, 13 and
 32, W12 and the view, each config checked against the reference (decode + fp32 matmul) and bit-equal over three runs.
 Then, per shape of bench/kernels.py: cuBLAS BF16, the dispatched config and the stream configs (CTAs per SM, ring
-stages, L2 evict_first on the record copies, 8 or 4 consumer warps; only those whose CTAs per SM the GPU's occupancy
+stages, L2 evict_first on the record copies, 8 or 4 consumer warps, and with evict_first the same with each CTA's range
+in one record row (aligned, gemm_cuda.stream_ctas); only those whose CTAs per SM the GPU's occupancy
 query says are resident together), each checked against the reference and bit-equal over three runs, timed as
 bench/kernels.py times (CUDA graph replay, do_bench, median): every config once, then the best three and the dispatched
 one in three interleaved rounds. Prints a table and writes OUT/stream_kernel.md and OUT/stream_table.py after each
@@ -34,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from revision import commit  # noqa: E402  (bench/revision.py)
-from kernels import SHAPES, Mat, bench, decode_gpu, mat_of, rel  # noqa: E402
+from kernels import SHAPES, Mat, bench, decode_gpu, mat_of, rel, stream_name  # noqa: E402
 from m1_configs import timed  # noqa: E402
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
@@ -59,6 +60,7 @@ def cands(m, view, warps=(8, 4), fits=gc.stream_fits):
         cs = (((2, 5), (2, 4), (1, 10)) if m > 16 and not view else ((2, 6), (1, 12)) if m > 16
               else ((3, 5), (2, 8)) if m <= 8 or view else ((2, 6), (2, 7)))
         out += [SC(c, s, ef, warps=4) for c, s in cs for ef in (False, True)]
+    out += [dataclasses.replace(c, aligned=True) for c in out if c.evict_first]  # each CTA in one record row
     return [c for c in out if fits(c, m, view)]
 
 
@@ -84,7 +86,8 @@ def check(warps):
         w.view(-1)[::every] = 100.0  # out-of-window weights: the small ones of those channels become escapes
         mt, _ = mat_of(w)
         cases.append(mt)
-    cfgs = [dataclasses.replace(c, warps=warps) for c in (SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3), SC(1, 12))]
+    cfgs = [dataclasses.replace(c, warps=warps) for c in (SC(2, 4), SC(1, 2), SC(2, 6, True), SC(4, 3), SC(1, 12),
+                                                          SC(2, 4, True, aligned=True), SC(1, 2, aligned=True))]
     for mt in cases:
         wv = decode_gpu(mt.records, mt.exps, mt.counts, mt.escapes, mt.n, mt.k, view=True)
         for m in (1, 3, 8, 13, 32):
@@ -135,8 +138,7 @@ def residency_rule():
 
 def name(c):
     if isinstance(c, SC):
-        return (f"stream {c.ctas_per_sm}/{c.stages}" + (f" w{c.warps}" if c.warps != 8 else "")
-                + (" ef" if c.evict_first else ""))
+        return stream_name(c)
     if isinstance(c, gc.WsConfig):
         return f"ws {c.nt}/{c.split}"
     return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split} l2 {c.l2}"

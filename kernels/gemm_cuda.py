@@ -60,6 +60,7 @@ class StreamConfig:
     stages: int = 6
     evict_first: bool = False  # the record copies with L2 evict_first (False: no hint)
     warps: int = 8  # consumer warps: 8 of 16 channels each, or 4 of 32 (half the X tile's shared-memory reads)
+    aligned: bool = False  # NB · S CTAs instead, each in one record row (stream_ctas): no segment ends mid-loop
 
 
 # (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured ≥ 1.5 % faster than the
@@ -95,6 +96,17 @@ def stream_fits(cfg: "StreamConfig", m: int, view: bool) -> bool:
     bound = 2 if cfg.warps == 8 or _nt_for(m) == 4 else 3
     return (cfg.ctas_per_sm <= bound
             and cfg.ctas_per_sm * (stream_smem(m, view, cfg.stages) + CTA_SMEM_RESERVED) <= SM_SMEM)
+
+
+def stream_ctas(cfg: StreamConfig, nb: int, kb: int, sms: int) -> int:
+    """The stream kernel's grid for NB × KB records on `sms` SMs: ctas_per_sm · sms CTAs, or, aligned, NB · S with
+    S = max(1, min(KB, ⌊ctas_per_sm · sms / NB⌋)). The kernel gives CTA p records ⌊p·T/P⌋ .. ⌊(p+1)·T/P⌋ − 1 of the
+    T = NB·KB; with P = NB·S that is ⌊p·KB/S⌋, so CTA r·S + j takes records ⌊j·KB/S⌋ .. ⌊(j+1)·KB/S⌋ − 1 of row r: every
+    range lies in one row. Why: with equal ranges the CTAs whose range spans two rows end last, for the partial store,
+    fence and ticket they take mid-loop while the whole wave streams (2026-12-06-stream-trace-segment-ends-h100-s45)."""
+    if not cfg.aligned:
+        return cfg.ctas_per_sm * sms
+    return nb * max(1, min(kb, cfg.ctas_per_sm * sms // nb))
 
 
 def stream_key(m: int, n: int, k: int, view: bool = False) -> tuple:
@@ -527,7 +539,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
     if isinstance(cfg, StreamConfig):
         if m > 32:
             raise ValueError(f"the stream kernel takes M ≤ 32 rows, got M = {m} (config {cfg})")
-        ctas = cfg.ctas_per_sm * _sms(x.device)
+        ctas = stream_ctas(cfg, nb, kb, _sms(x.device))
         ws = torch.empty(ctas * 2 * 8 * 128 * _nt_for(m), dtype=torch.float32, device=x.device)  # partial rows' sums
         err = library().w12_stream(
             _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb, int(view),

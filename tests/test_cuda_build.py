@@ -172,6 +172,25 @@ def test_stream_fits():
     assert not gc.stream_fits(SC(1, 16), 32, False)  # more than one CTA may have
 
 
+def test_stream_ctas_aligned_ranges_lie_in_one_row():
+    """stream_ctas: ctas_per_sm · SMs CTAs by default; aligned, NB · S CTAs whose ranges (the kernel's stream_first,
+    ⌊p·T/P⌋ .. ⌊(p+1)·T/P⌋ − 1 of the T = NB·KB records) each lie in one row, none empty, one wave where NB ≤ the
+    SMs' CTAs."""
+    SC = gc.StreamConfig
+    assert gc.stream_ctas(SC(2, 4), 32, 64, 132) == 264
+    assert gc.stream_ctas(SC(2, 4, aligned=True), 32, 64, 132) == 256  # 4096²: 8 segments of 8 records per row
+    assert gc.stream_ctas(SC(2, 4, aligned=True), 1187, 80, 132) == 1187  # LM head: a row per CTA, several waves
+    assert gc.stream_ctas(SC(2, 4, aligned=True), 3, 16, 132) == 48  # S ≤ KB: one record per CTA
+    for nb, kb, per_sm, sms in ((32, 64, 2, 132), (48, 64, 2, 132), (80, 80, 1, 132), (224, 64, 2, 114),
+                                (40, 128, 2, 132), (7, 5, 3, 132), (1, 64, 2, 132)):
+        cfg = SC(per_sm, 4, aligned=True)
+        P, T = gc.stream_ctas(cfg, nb, kb, sms), nb * kb
+        assert P <= max(nb, per_sm * sms)
+        for p in range(P):
+            lo, hi = p * T // P, (p + 1) * T // P - 1
+            assert lo <= hi and lo // kb == hi // kb, (nb, kb, p, lo, hi)
+
+
 def test_not_usable_on_cpu():
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     rec = torch.zeros(1, 1, 12288, dtype=torch.uint8)
