@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ws_trace import HOST, PATCHES, cli, cta_rows, loop_waits, report, trace_all  # noqa: E402
 
-# (N, K, M, (ctas per SM, stages, consumer warps)): the LM head and a one-wave shape at one and at 32 rows, both forms
-CASES = [(151936, 5120, 1, (2, 6, 8)), (4096, 4096, 1, (2, 6, 8)), (4096, 4096, 1, (3, 5, 4)),
-         (151936, 5120, 32, (2, 5, 8)), (151936, 5120, 32, (2, 4, 4)), (4096, 4096, 32, (1, 8, 8)),
-         (4096, 4096, 32, (2, 4, 4)), (28672, 4096, 32, (2, 5, 8))]
+# (N, K, M, (ctas per SM, stages, consumer warps[, aligned])): one-wave shapes at 32 rows, each CTA's range in one row
+# (the fastest stream configs there, 2026-12-06-stream-kernel-aligned-h100-s46-call1.md) and the equal ranges of s45
+CASES = [(4096, 4096, 32, (1, 8, 8, True)), (4096, 4096, 32, (2, 4, 4, True)), (4096, 4096, 32, (2, 4, 4)),
+         (6144, 4096, 32, (2, 4, 4, True)), (4096, 14336, 32, (2, 4, 8, True)), (151936, 5120, 32, (2, 4, 4))]
 
 CLK = "w12_clk()"
 ME = "warp == 0 && lane == 0"
@@ -172,11 +172,13 @@ def run(lib_dir: Path, runs: int, out: str):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def cases():
-        for n, k, m, (cps, stages, warps) in CASES:
-            cfg, mt = gc.StreamConfig(cps, stages, warps=warps), Mat(n, k, 900 + m)
+        for n, k, m, (cps, stages, warps, *al) in CASES:
+            cfg, mt = gc.StreamConfig(cps, stages, warps=warps, aligned=bool(al)), Mat(n, k, 900 + m)
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            yield (f"{n}×{k} | {m} | stream {cps}/{stages}, {warps} warps", min(cps * sms, (n + 127) // 128 * (k // 64)),
-                   lambda: mt.run(x, cuda=cfg), lambda: torch.matmul(x, mt.w.t()))
+            nb, kb = (n + 127) // 128, k // 64
+            yield (f"{n}×{k} | {m} | stream {cps}/{stages}, {warps} warps" + (", aligned" if al else ""),
+                   min(gc.stream_ctas(cfg, nb, kb, sms), nb * kb), lambda: mt.run(x, cuda=cfg),
+                   lambda: torch.matmul(x, mt.w.t()))
 
     lines, wlines, late = trace_all(lib_dir, cases(), runs, phases, waits, 2, late_ctas)
     text = report(
