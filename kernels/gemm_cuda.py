@@ -52,8 +52,9 @@ class WsConfig:
 @dataclass(frozen=True)
 class StreamConfig:
     """The stream kernel (w12_gemv.cu's w12_stream_kernel, M ≤ 32): ctas_per_sm · SMs CTAs, each streaming an equal
-    contiguous range of the matrix's records and their X tiles through a ring of `stages` slots; a row split between
-    CTAs is added in a fixed order (the same bits every run).  Two CTAs per SM fit while their rings do (228 KB of shared
+    contiguous range of the matrix's records and their X tiles through a ring of `stages` slots (aligned: NB · S CTAs,
+    each range inside one record row, stream_ctas); a row split between CTAs is added in a fixed order (the same bits
+    every run).  Two CTAs per SM fit while their rings do (228 KB of shared
     memory per SM: a slot is 12 KB of record and 1, 2 or 4 KB of X tile at up to 8, 16 or 32 rows; stream_fits says
     whether they do: the default's 6 stages fit two CTAs per SM up to 16 rows, not at 17–32 for W12)."""
     ctas_per_sm: int = 2
