@@ -65,22 +65,16 @@ class StreamConfig:
 
 
 # (N, K, M bucket 1 / 8 / 16 / 32, view) -> StreamConfig: where the stream kernel measured ≥ 1.5 % faster than the
-# kernel that took the call before it (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py loads them).
-# Session 42, on an H100 (the only card lent; 2026-12-05-stream-kernel-h100-s42-call2.md): at M = 1 and 16 it lost
-# on every shape (tied on one LM head at 16); at 17–32 rows it won on these two (4.9 % and 3.3 %, the view 7.3 %),
-# where the ws kernel's grid leaves a part-empty last wave.  Session 46 (an H100 again,
-# 2026-12-06-stream-kernel-aligned-h100-s46-call1.md): with each CTA's range in one record row (aligned) the view at
-# 17–32 rows won on five more shapes (2.4–7.1 %); W12 still lost to the skinny / ws kernels there, and both at M = 1
-# and 16.  Not yet confirmed on an H200.
+# kernel that took the call before it on the H200 (bench/stream_kernel.py writes the entries; W12_STREAM_TABLE=path.py
+# loads them).  Session 46's H200 sweep (2026-12-06-stream-kernel-aligned-h200-s46-call7.md, the table emptied first):
+# only the view at 17–32 rows on these two shapes, with each CTA's range in one record row (aligned, +2.8 / +2.9 %);
+# W12 lost on every shape (the LM heads by ~20 %: 151936×5120 360.7 µs against the ws kernel's 295.6).  Sessions 42
+# and 46 had measured wins on H100s only (W12 on 10240×5120 and 51200×5120, the view on six shapes,
+# 2026-12-05-stream-kernel-h100-s42-call2.md, 2026-12-06-stream-kernel-aligned-h100-s46-call1.md); on the H200 those
+# W12 entries ran 7–11 % slower than the ws kernel (M = 32 W12 geomean 1.059 with them, 1.092 without: -s46-call6/7).
 STREAM_TABLE: dict = {
-    (10240, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
-    (51200, 5120, 32, False): StreamConfig(ctas_per_sm=2, stages=4, evict_first=True, warps=8),
-    (51200, 5120, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4),
-    (28672, 4096, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4, aligned=True),
-    (4096, 14336, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=8, aligned=True),
-    (10240, 5120, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4, aligned=True),
-    (5120, 8192, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=8, aligned=True),
-    (5120, 25600, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4, aligned=True),
+    (6144, 4096, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4, aligned=True),
+    (4096, 14336, 32, True): StreamConfig(ctas_per_sm=2, stages=6, evict_first=True, warps=4, aligned=True),
 }
 
 

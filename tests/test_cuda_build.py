@@ -54,12 +54,13 @@ def test_kernel_choice(monkeypatch):
     assert kf(128, 4096, 4096) == kf(17, 28672, 4096) == kf(128, 5120, 25600) == kf(64, 6144, 4096) == "ws"
     assert kf(32, 4096, 14336) == kf(64, 4096, 4096) == "ws"
     assert kf(32, 4096, 4096) == kf(16, 4096, 4096) == kf(16, 28672, 4096) == kf(16, 10240, 5120) == "skinny"
-    assert kf(16, 51200, 5120) == "skinny" and kf(17, 51200, 5120) == "stream" and kf(33, 51200, 5120) == "ws"
-    assert kf(32, 10240, 5120) == kf(32, 51200, 5120, view=True) == kf(17, 10240, 5120, view=True) == "stream"
-    assert kf(32, 128256, 4096, view=True) == "ws" and kf(32, 6144, 4096, view=True) == "skinny"  # no view entry
-    assert gc.dispatched_config(32, 4096, 14336, view=True).aligned and not gc.dispatched_config(32, 10240, 5120).aligned
+    assert kf(16, 51200, 5120) == "skinny" and kf(17, 51200, 5120) == kf(33, 51200, 5120) == "ws"
+    assert kf(16, 6144, 4096, view=True) == "skinny" and kf(17, 6144, 4096, view=True) == "stream"
+    assert kf(32, 4096, 14336, view=True) == "stream" and kf(33, 4096, 14336, view=True) == "ws"
+    assert kf(32, 6144, 4096) == "skinny" and kf(32, 51200, 5120) == kf(32, 128256, 4096, view=True) == "ws"  # no entry
+    assert gc.dispatched_config(32, 4096, 14336, view=True).aligned
     monkeypatch.setattr(gc, "STREAM_TABLE", {})
-    assert kf(17, 51200, 5120) == "ws"
+    assert kf(17, 6144, 4096, view=True) == "skinny" and kf(32, 4096, 14336, view=True) == "ws"
     monkeypatch.setattr(gc, "WS_TABLE", {})  # the skinny TABLE's measured buckets, then the rule
     assert kf(1, 151936, 5120) == kf(16, 6144, 4096) == kf(32, 4096, 4096) == kf(64, 51200, 5120) == "skinny"
     assert kf(128, 4096, 4096) == "ws" and kf(129, 4096, 4096) is None
