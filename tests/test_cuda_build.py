@@ -334,9 +334,10 @@ def _bench_module(name: str):
 
 
 def test_ws_diagnostics_patch_the_current_kernel():
-    """bench/ws_diag.py, bench/ws_trace.py and bench/stream_trace.py rebuild kernels/w12_gemv.cu with text patches on
-    the GPU machine: each of their anchors must occur exactly once in the kernel as it is, or those diagnostics stop
-    there (ws_trace's prologue anchor had gone stale unnoticed for six sessions)."""
+    """bench/ws_diag.py, bench/ws_trace.py, bench/stream_trace.py and bench/skinny_diag.py rebuild
+    kernels/w12_gemv.cu with text patches on the GPU machine: each of their anchors must occur exactly once in the
+    kernel as it is, or those diagnostics stop there (ws_trace's prologue anchor had gone stale unnoticed for six
+    sessions)."""
     src = (ROOT / "kernels" / "w12_gemv.cu").read_text()
     diag, trace = _bench_module("ws_diag"), _bench_module("ws_trace")
     diag.check_anchors(src)
@@ -346,6 +347,9 @@ def test_ws_diagnostics_patch_the_current_kernel():
         assert src.count(text) == count, f"bench/ws_trace.py wait {text[:60]!r} does not occur {count}× in w12_gemv.cu"
     stamped = _bench_module("stream_trace").stamped_source(src)  # asserts each of its texts occurs once
     assert stamped.count("W12_STAMP(W12_CTA + ") == 4  # entry, setup, first full slot, loop end
+    patched = _bench_module("skinny_diag").variant(src, 7)  # stops (SystemExit) on an anchor that does not occur once
+    assert patched.startswith("#define W12_SK_DIAG 7\n") and all(
+        patched.count(f"#if W12_SK_DIAG & {bit}") == 1 for bit in (1, 2, 4))
 
 
 def test_stream_trace_names_the_ctas_that_end_last():
