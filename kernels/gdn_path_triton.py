@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 
 from w12.formats.errors import W12Error
-from w12.kernels.ops import _on_input_gpu
+from w12.kernels.ops import on_input_gpu
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 EPS = 1e-6          # l2norm epsilon of Transformers / fla
@@ -377,8 +377,8 @@ def tree_outputs(q, k, v, g, beta, state, tree, method: str = "path", **launch) 
         return tree_outputs_torch(q, k, v, g, beta, state, plan)
     # Triton launches on the current device: make the state's GPU current (a model split over GPUs).
     if method == "wy":
-        return _on_input_gpu(lambda s: _wy_launch(q, k, v, g, beta, s, plan, **launch), state)
-    return _on_input_gpu(lambda s: _rows_launch(q, k, v, g, beta, s, plan, method, **launch)[0], state)
+        return on_input_gpu(lambda s: _wy_launch(q, k, v, g, beta, s, plan, **launch), state)
+    return on_input_gpu(lambda s: _rows_launch(q, k, v, g, beta, s, plan, method, **launch)[0], state)
 
 
 def chain_outputs(q, k, v, g, beta, state, **launch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,4 +387,4 @@ def chain_outputs(q, k, v, g, beta, state, **launch) -> tuple[torch.Tensor, torc
     plan = plan_tree([-1] + list(range(q.shape[0] - 1)), state.device)
     if not use_triton(state):
         return _chain_torch(q, k, v, g, beta, state)
-    return _on_input_gpu(lambda s: _rows_launch(q, k, v, g, beta, s, plan, "path", final_row=0, **launch), state)
+    return on_input_gpu(lambda s: _rows_launch(q, k, v, g, beta, s, plan, "path", final_row=0, **launch), state)

@@ -52,7 +52,7 @@ def _other_gpu(x: torch.Tensor) -> bool:
     return _gpus() > 1 and x.get_device() != torch.cuda.current_device()
 
 
-def _on_input_gpu(fn, x: torch.Tensor, *args):
+def on_input_gpu(fn, x: torch.Tensor, *args):
     """fn(x, *args) with x's GPU the current device (see _other_gpu)."""
     if _other_gpu(x):
         with torch.cuda.device(x.device):
@@ -69,7 +69,7 @@ def w12_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, es
 
 def _gemm(x, records, exponents, escapes, esc_offsets, esc_cols, n):
     if x.is_cuda:
-        return _on_input_gpu(_gemm_cuda, x, records, exponents, escapes, esc_offsets, esc_cols, n)
+        return on_input_gpu(_gemm_cuda, x, records, exponents, escapes, esc_offsets, esc_cols, n)
     counts = _ref.counts_from_offsets(esc_offsets, *records.shape[:2])
     return _ref.gemm(x, records, exponents, counts, escapes, n)
 
@@ -166,7 +166,7 @@ def _(x, packed, n, nnz):
 def w12_view_gemm(x: torch.Tensor, records: torch.Tensor, exponents: torch.Tensor, n: int) -> torch.Tensor:
     """Y = X · W_qᵀ with the 8-bit view (lo = 8; escapes ignored, they keep their code value)."""
     if x.is_cuda:
-        return _on_input_gpu(_view_gemm_cuda, x, records, exponents, n)
+        return on_input_gpu(_view_gemm_cuda, x, records, exponents, n)
     nb, kb = records.shape[:2]
     counts = torch.zeros(nb, kb, dtype=torch.int32)
     escapes = torch.zeros(0, 2, dtype=torch.int16)
