@@ -15,6 +15,8 @@ round kept), beside cuBLAS. Prints and writes OUT/ab_kernel.md, rewritten after 
 kernel that faults or hangs: run it under `timeout`) keeps what it measured. With --clocks, nvidia-smi samples the SM
 clock and the board power every 50 ms (OUT/clocks.csv), and the report adds, per library and M, the median SM clock
 and the highest power drawn while that library (or cuBLAS) was being timed: whether a build runs at a lower clock.
+With --no-escapes every matrix runs with empty escape lists (OUT/ab_kernel-noesc.md; W12 results wrong, timing
+only): beside a run without it, what each build's escape path costs.
 
 Before anything is timed, a child process runs every library once on every shape and M (each call synchronised): a
 library that hangs (no call returns within --probe-s seconds) or faults there is dropped and named in the report, and
@@ -205,8 +207,9 @@ def watch_child(cmd: list, timeout_s: float) -> tuple:
 
 
 def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fname: str, clocks: bool = False,
-             dropped: dict = None):
-    """Bits of every library against the first one's, then interleaved timing (see the module docstring)."""
+             dropped: dict = None, no_escapes: bool = False):
+    """Bits of every library against the first one's, then interleaved timing (see the module docstring).
+    no_escapes: every matrix with empty escape lists (W12 wrong, timing only: the builds without their escape path)."""
     from kernels import SHAPES, Mat, bench
 
     from w12.kernels import gemm_cuda as gc
@@ -254,6 +257,8 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
 
     for si, (n, k) in enumerate(SHAPES):
         mt = Mat(n, k, 300 + si)
+        if no_escapes:
+            mt.escapes, mt.offs, mt.cols = mt.no_escapes()
         for m in ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             t_cb = timed(("cuBLAS", m), lambda: bench(lambda: torch.matmul(x, mt.w.t())))
@@ -313,6 +318,8 @@ def main():
     ap.add_argument("--m", default="1,2", help="comma-separated M values (default 1,2)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clocks", action="store_true", help="sample the SM clock and power with nvidia-smi while timing")
+    ap.add_argument("--no-escapes", action="store_true",
+                    help="run W12 with empty escape lists (wrong results, timing only): what each build's escape path costs")
     ap.add_argument("--probe-s", type=float, default=60,
                     help="seconds a library's call may take in the screen before it counts as hung (0: no screen)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)  # NAME,NAME: the screen's child
@@ -333,10 +340,13 @@ def main():
         for name, why in dropped.items():
             print(f"dropped {name}: {why}", flush=True)
         run_libs({name: lib(name) for name in revs if name not in dropped}, ms, a.rounds,
-                 "W12 kernel builds side by side (bench/ab_kernel.py)",
+                 "W12 kernel builds side by side (bench/ab_kernel.py)"
+                 + (", W12 with empty escape lists (wrong results, timing only)" if a.no_escapes else ""),
                  f"`python bench/ab_kernel.py --build DIR` (here; libraries {', '.join(f'{n} = {r}' for n, r in revs.items())}),"
                  f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}"
-                 f"{' --clocks' if a.clocks else ''}`", a.out, "ab_kernel.md", clocks=a.clocks, dropped=dropped)
+                 f"{' --clocks' if a.clocks else ''}{' --no-escapes' if a.no_escapes else ''}`", a.out,
+                 "ab_kernel-noesc.md" if a.no_escapes else "ab_kernel.md", clocks=a.clocks, dropped=dropped,
+                 no_escapes=a.no_escapes)
     else:
         ap.error("give --build DIR or --libs DIR")
 
