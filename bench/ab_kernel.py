@@ -251,6 +251,7 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             *(["", "Dropped by the screen before timing:", *(f"- {n}: {why}" for n, why in dropped.items())]
               if dropped else []),
             *(["", f"Not {names[0]}'s bits:", *mismatches] if mismatches else [])]) + "\n"
+        os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, fname), "w") as fh:
             fh.write(text)
         return text
