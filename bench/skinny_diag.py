@@ -8,7 +8,7 @@ Variants (bits of W12_SK_DIAG, patched into a copy of kernels/w12_gemv.cu at HEA
   full   0   the landed kernel (the bits the others are compared with)
   nodec  1   no W12 decode: decode4 gives v ^ n and v + n (2 ops instead of 8 per 4 weights)
   nomma  2   no mma.sync: each MMA's inputs folded into one accumulator (5 LOP3 and an add)
-  nox    4   no X loads: load_x16 gives a constant of the record index
+  nox    4   no X loads: load_x16 gives a constant of its address (so of the record)
   dm     3   no decode, no MMA;  mx 6 no MMA, no X;  loads 7: the weight loads and the loop alone
 The patches reach every kernel that calls decode4 / mma16816 / load_x16 (the ws and stream kernels' decode too), so
 only the rows that bench/ab_kernel.py labels with a skinny config (`cuda …`) say what they say. Why: session 30–33's
@@ -39,14 +39,15 @@ MMA = """  asm(
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 """
-XLOAD = """    a = __ldg(p);
-    b = __ldg(p + 1);
+XLOAD = """  a = __ldg(p);
+  b = __ldg(p + 1);
 """
 PATCHES = {
     DECODE: "#if W12_SK_DIAG & 1\n    w01 = v ^ n;\n    w23 = v + n;\n#else\n" + DECODE + "#endif\n",
     MMA: "#if W12_SK_DIAG & 2\n  c[0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1) & 0x3FFFFFu);\n#else\n" + MMA
          + "#endif\n",
-    XLOAD: "#if W12_SK_DIAG & 4\n    a = make_uint4(kb, kb + 1, kb + 2, kb + 3);\n    b = a;\n#else\n" + XLOAD + "#endif\n",
+    XLOAD: "#if W12_SK_DIAG & 4\n  const uint32_t kb = (uint32_t)(size_t)xk >> 7;\n  a = make_uint4(kb, kb + 1, kb + 2, kb + 3);\n"
+           "  b = a;\n#else\n" + XLOAD + "#endif\n",
 }
 
 

@@ -174,15 +174,47 @@ __device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va,
   }
 }
 
-__device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
-  if (ok) {
-    const uint4* p = reinterpret_cast<const uint4*>(xr + kb * 64);
-    a = __ldg(p);
-    b = __ldg(p + 1);
-  } else {
-    a = b = make_uint4(0, 0, 0, 0);
-  }
+// X words of columns 16t..16t+15 (a: +0..7, b: +8..15) of one X row.  The skinny kernel's lanes of rows ≥ M load
+// row 0 instead (their pointers are clamped): the MMA's output columns are independent, so those rows' outputs take
+// whatever they take and are never stored, and a predicate and zero fill per load cost registers and ~10
+// instructions per record in the loop.
+__device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16* xk) {
+  const uint4* p = reinterpret_cast<const uint4*>(xk);
+  a = __ldg(p);
+  b = __ldg(p + 1);
 }
+
+// Where a warp's loads point, for its record kb: pv / pn at its lane's view / nibble words (rows g and g + 8 at +0
+// and +512 / +256 bytes), px(j, 0) at X row m0 + 8j + g, column 64·kb + 16t.  Record kb + d lies d·REC bytes and
+// 64·d columns further on: with d a constant (the groups' offsets in the unrolled loop) the loads take it as an
+// immediate, and the loop advances the pointers once per iteration.  Computing every address from kb instead, as
+// before session 50, cost the nt = 1 W12 loop ~155 SASS instructions per record against ~89 now (the view's 112
+// against 67, nt = 4 W12's ~225 against ~110): ptxas rebuilt each lane's offsets from the thread index for every
+// record.  At NT = 8 the X pointers stay fixed and one column offset advances instead: eight moving pointers took the
+// view's nt = 8 build from 156 to 178 registers (3 → 2 CTAs per SM).  The 8-warp XREG build (capped at 128 registers,
+// dispatched nowhere) spills 128 bytes in this form.
+template <int NT>
+struct LoadPtrs {
+  static constexpr bool XMOVE = NT <= 4;
+  const uint8_t* pv;
+  const uint8_t* pn;
+  const __nv_bfloat16* xr[NT];  // XMOVE: at record kb; else at column 16t, with ox = 64·kb
+  uint32_t ox;
+
+  __device__ __forceinline__ const __nv_bfloat16* px(int j, int d) const {
+    return XMOVE ? xr[j] + d * 64 : xr[j] + (ox + (uint32_t)d * 64);
+  }
+  __device__ __forceinline__ void advance(int d) {
+    pv += (size_t)d * REC;
+    pn += (size_t)d * REC;
+    if (XMOVE) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xr[j] += d * 64;
+    } else {
+      ox += (uint32_t)d * 64;
+    }
+  }
+};
 
 // U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
 // 16t..16t+15, plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
@@ -197,38 +229,35 @@ struct Group {
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
-  __device__ __forceinline__ static void load_x(uint4& a, uint4& b, const __nv_bfloat16* xr, bool ok, int kb) {
-    load_x16(a, b, xr, ok, kb);
-  }
-
-  __device__ __forceinline__ void load(const uint8_t* base, int kb0, int KB, int warps, int v0, int v1, int n0,
-                                       int n1, const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT],
+  // records kb + d + u·warps (those < KB), lp pointing at record kb
+  __device__ __forceinline__ void load(const LoadPtrs<NT>& lp, int d, int kb, int KB, int warps,
                                        uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * warps;
-      if (kb < KB) {
-        const uint8_t* r = base + (size_t)kb * REC;
-        va[u] = ld_stream(r + v0, pol);
-        vb[u] = ld_stream(r + v1, pol);
+      const int o = d + u * warps;
+      if (kb + o < KB) {
+        const uint8_t* rv = lp.pv + (size_t)o * REC;
+        const uint8_t* rn = lp.pn + (size_t)o * REC;
+        va[u] = ld_stream(rv, pol);
+        vb[u] = ld_stream(rv + 8 * 64, pol);
         if (!VIEW) {
-          na[u] = ld_stream(r + n0, pol);
-          nb[u] = ld_stream(r + n1, pol);
+          na[u] = ld_stream(rn, pol);
+          nb[u] = ld_stream(rn + 8 * 32, pol);
         }
         if (XPF) {
 #pragma unroll
-          for (int j = 0; j < NT; ++j) load_x(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], xr[j], xok[j], kb);
+          for (int j = 0; j < NT; ++j) load_x16(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
         }
       }
     }
   }
 
-  __device__ __forceinline__ void compute(float (&acc)[NT][4], int kb0, int KB, int warps, uint32_t nkeep,
-                                          const __nv_bfloat16* const (&xr)[NT], const bool (&xok)[NT]) {
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], const LoadPtrs<NT>& lp, int d, int kb, int KB,
+                                          int warps, uint32_t nkeep) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      int kb = kb0 + u * warps;
-      if (kb < KB) {
+      const int o = d + u * warps;
+      if (kb + o < KB) {
         uint4 ya[NT], yb[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -236,7 +265,7 @@ struct Group {
             ya[j] = xa[XPF ? u : 0][j];
             yb[j] = xb[XPF ? u : 0][j];
           } else {
-            load_x(ya[j], yb[j], xr[j], xok[j], kb);
+            load_x16(ya[j], yb[j], lp.px(j, o));
           }
         }
         record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
@@ -585,8 +614,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   };
   trace(0);
   const int g = lane >> 2, t = lane & 3;
-  const int v0 = g * 64 + 16 * t, v1 = v0 + 8 * 64;  // in-record byte offsets for r0 = 0
-  const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1), n1 = n0 + 8 * 32;
+  const int v0 = g * 64 + 16 * t;  // in-record byte offsets of rows g (and g + 8: + 8·64, + 8·32) for r0 = 0
+  const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1);
   const uint32_t nkeep = nib_keep(t);  // columns 32..63 sit in the high nibbles
   const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
   const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
@@ -601,22 +630,23 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     e_hi = __ldg(toff + (long)c * KB + b);
   }
   const uint8_t* base = rec + ((size_t)nb * KB) * REC;
-  const int va0 = v0 + r0 * 64, va1 = v1 + r0 * 64, na0 = n0 + r0 * 32, na1 = n1 + r0 * 32;
-  const __nv_bfloat16* xr[NT];  // X row m0 + 8j + g, column 16t (rows ≥ M read as zeros)
-  bool xok[NT];
+  const int k0 = a + warp;  // the warp's first record
+  LoadPtrs<NT> lp;           // at record k0
+  lp.ox = (uint32_t)k0 * 64;
+  lp.pv = base + (size_t)k0 * REC + v0 + r0 * 64;
+  lp.pn = base + (size_t)k0 * REC + n0 + r0 * 32;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
-    int m = m0 + 8 * j + g;
-    xok[j] = m < M;
-    xr[j] = x + (size_t)(xok[j] ? m : 0) * ldx + 16 * t;
+    const int m = m0 + 8 * j + g;
+    lp.xr[j] = x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
   }
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
-  ga.load(base, a + warp, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-  gb.load(base, a + warp + STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
+  ga.load(lp, 0, k0, b, WARPS, pol);
+  gb.load(lp, STEP, k0, b, WARPS, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
@@ -641,11 +671,12 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   }
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
-  for (int kb0 = a + warp; kb0 < b; kb0 += 2 * STEP) {
-    ga.compute(acc, kb0, b, WARPS, nkeep, xr, xok);
-    ga.load(base, kb0 + 2 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
-    gb.compute(acc, kb0 + STEP, b, WARPS, nkeep, xr, xok);
-    gb.load(base, kb0 + 3 * STEP, b, WARPS, va0, va1, na0, na1, xr, xok, pol);
+  for (int kb0 = k0; kb0 < b; kb0 += 2 * STEP) {
+    ga.compute(acc, lp, 0, kb0, b, WARPS, nkeep);
+    ga.load(lp, 2 * STEP, kb0, b, WARPS, pol);
+    gb.compute(acc, lp, STEP, kb0, b, WARPS, nkeep);
+    gb.load(lp, 3 * STEP, kb0, b, WARPS, pol);
+    lp.advance(2 * STEP);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
