@@ -213,6 +213,8 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
     from kernels import SHAPES, Mat, bench
 
     from w12.kernels import gemm_cuda as gc
+
+    os.makedirs(out, exist_ok=True)
     cdlls = {name: ctypes.CDLL(str(path)) for name, path in libs.items()}
     names = list(cdlls)
     keys = [(m, view) for m in ms for view in (False, True)]
@@ -251,7 +253,6 @@ def run_libs(libs: dict, ms, rounds: int, title: str, command: str, out: str, fn
             *(["", "Dropped by the screen before timing:", *(f"- {n}: {why}" for n, why in dropped.items())]
               if dropped else []),
             *(["", f"Not {names[0]}'s bits:", *mismatches] if mismatches else [])]) + "\n"
-        os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, fname), "w") as fh:
             fh.write(text)
         return text
