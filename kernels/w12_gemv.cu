@@ -207,7 +207,7 @@ struct LoadPtrs {
   __device__ __forceinline__ void advance(int d) {
     pv += (size_t)d * REC;
     pn += (size_t)d * REC;
-    if (XMOVE) {
+    if constexpr (XMOVE) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) xr[j] += d * 64;
     } else {
