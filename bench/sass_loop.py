@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,17 +34,15 @@ def cuobjdump() -> str:
     return found
 
 
-def build_now(tmp: str) -> str:
-    """kernels/w12_gemv.cu built with cuda_build's flags into tmp."""
+def build_now() -> str:
+    """kernels/w12_gemv.cu as it is now, through cuda_build (its flags and its cache)."""
     sys.path.insert(0, str(ROOT))
     from kernels import cuda_build  # the repository layout (the installed package is w12.kernels)
 
-    nvcc = cuda_build.nvcc_path()
-    if nvcc is None:
-        raise SystemExit("sass_loop: nvcc not found (set CUDA_HOME)")
-    out = os.path.join(tmp, "w12_gemv.so")
-    subprocess.run([nvcc, *cuda_build.FLAGS, "-o", out, str(ROOT / "kernels" / "w12_gemv.cu")], check=True)
-    return out
+    try:
+        return str(cuda_build.build("w12_gemv"))
+    except cuda_build.CudaBuildError as e:
+        raise SystemExit(f"sass_loop: {e}")
 
 
 def loops(sass: str, match: str):
@@ -76,16 +73,14 @@ def main():
     ap.add_argument("--match", default="", help="regex on the mangled kernel name")
     a = ap.parse_args()
     tool = cuobjdump()
-    with tempfile.TemporaryDirectory() as tmp:
-        libs = a.so or [build_now(tmp)]
-        for lib in libs:
-            sass = subprocess.run([tool, "-sass", lib], capture_output=True, text=True, check=True).stdout
-            print(f"## {lib}\n\n| skinny build | loop instructions | MMAs | per record | top opcodes |\n|---|---|---|---|---|")
-            for label, n, mma, nt, ops in sorted(loops(sass, a.match)):
-                per = n / (mma / (4 * nt)) if mma else float("nan")
-                top = ", ".join(f"{k} {v}" for k, v in ops.most_common(6))
-                print(f"| {label} | {n} | {mma} | {per:.1f} | {top} |")
-            print()
+    for lib in a.so or [build_now()]:
+        sass = subprocess.run([tool, "-sass", lib], capture_output=True, text=True, check=True).stdout
+        print(f"## {lib}\n\n| skinny build | loop instructions | MMAs | per record | top opcodes |\n|---|---|---|---|---|")
+        for label, n, mma, nt, ops in sorted(loops(sass, a.match)):
+            per = n / (mma / (4 * nt)) if mma else float("nan")
+            top = ", ".join(f"{k} {v}" for k, v in ops.most_common(6))
+            print(f"| {label} | {n} | {mma} | {per:.1f} | {top} |")
+        print()
 
 
 if __name__ == "__main__":
