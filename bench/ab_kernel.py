@@ -16,7 +16,9 @@ kernel that faults or hangs: run it under `timeout`) keeps what it measured. Wit
 clock and the board power every 50 ms (OUT/clocks.csv), and the report adds, per library and M, the median SM clock
 and the highest power drawn while that library (or cuBLAS) was being timed: whether a build runs at a lower clock.
 With --no-escapes every matrix runs with empty escape lists (OUT/ab_kernel-noesc.md; W12 results wrong, timing
-only): beside a run without it, what each build's escape path costs.
+only): beside a run without it, what each build's escape path costs. With --skinny the ws and stream tables are
+dropped in the process, so that every shape at 9–64 rows runs the skinny kernel's TABLE config: a change to the
+skinny kernel's nt ≥ 2 loop is then timed on all ten shapes, not only on those the tables give it.
 
 Before anything is timed, a child process runs every library once on every shape and M (each call synchronised): a
 library that hangs (no call returns within --probe-s seconds) or faults there is dropped and named in the report, and
@@ -322,6 +324,9 @@ def main():
     ap.add_argument("--clocks", action="store_true", help="sample the SM clock and power with nvidia-smi while timing")
     ap.add_argument("--no-escapes", action="store_true",
                     help="run W12 with empty escape lists (wrong results, timing only): what each build's escape path costs")
+    ap.add_argument("--skinny", action="store_true",
+                    help="drop the ws and stream tables in this process, so that every shape at 9–64 rows runs the "
+                         "skinny kernel's TABLE config (a change to the skinny kernel's nt ≥ 2 loop, judged on every shape)")
     ap.add_argument("--probe-s", type=float, default=60,
                     help="seconds a library's call may take in the screen before it counts as hung (0: no screen)")
     ap.add_argument("--probe", help=argparse.SUPPRESS)  # NAME,NAME: the screen's child
@@ -333,6 +338,10 @@ def main():
             print(name, lib)
         (a.build / "names.txt").write_text("".join(f"{name}={resolve(rev)}\n" for name, rev in revs.items()))
     elif a.libs:
+        if a.skinny:
+            from w12.kernels import gemm_cuda as gc
+            gc.WS_TABLE.clear()
+            gc.STREAM_TABLE.clear()
         ms, lib = [int(v) for v in a.m.split(",")], (lambda name: a.libs / f"w12_gemv_{name}.so")
         if a.probe:
             return probe_child({name: lib(name) for name in a.probe.split(",")}, ms)
@@ -346,7 +355,7 @@ def main():
                  + (", W12 with empty escape lists (wrong results, timing only)" if a.no_escapes else ""),
                  f"`python bench/ab_kernel.py --build DIR` (here; libraries {', '.join(f'{n} = {r}' for n, r in revs.items())}),"
                  f" then `W12_CUDA=1 python bench/ab_kernel.py --libs DIR --m {a.m} --rounds {a.rounds}"
-                 f"{' --clocks' if a.clocks else ''}{' --no-escapes' if a.no_escapes else ''}`", a.out,
+                 f"{' --clocks' if a.clocks else ''}{' --no-escapes' if a.no_escapes else ''}{' --skinny' if a.skinny else ''}`", a.out,
                  "ab_kernel-noesc.md" if a.no_escapes else "ab_kernel.md", clocks=a.clocks, dropped=dropped,
                  no_escapes=a.no_escapes)
     else:
