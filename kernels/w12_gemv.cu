@@ -174,13 +174,6 @@ __device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va,
   }
 }
 
-// The L1 line of X that load_x16(·, ·, xk) will read, requested now (no registers held): where X is not loaded with
-// the records (XPF off: nt = 4 outside XREG), compute() then finds it in L1 instead of waiting out the L2.  (At nt = 8
-// the prefetch addresses took 40–95 more SASS instructions per record loop and 16–26 registers: not there.)
-__device__ __forceinline__ void prefetch_l1(const __nv_bfloat16* xk) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(xk));
-}
-
 // X words of columns 16t..16t+15 (a: +0..7, b: +8..15) of one X row.  The skinny kernel's lanes of rows ≥ M load
 // row 0 instead (their pointers are clamped): the MMA's output columns are independent, so those rows' outputs take
 // whatever they take and are never stored, and a predicate and zero fill per load cost registers and ~10
@@ -254,9 +247,6 @@ struct Group {
         if (XPF) {
 #pragma unroll
           for (int j = 0; j < NT; ++j) load_x16(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
-        } else if (NT == 4) {
-#pragma unroll
-          for (int j = 0; j < NT; ++j) prefetch_l1(lp.px(j, o));
         }
       }
     }
