@@ -11,7 +11,8 @@
 At M > 8 the ws kernel is profiled too (W12, then the 8-bit view: the same ring with 8 KB records and no escapes), with
 WS_TABLE's config for the shape or else ws_rule_config's.  It launches
 an X-reordering kernel first:
-profile with --kernel-name regex:"gemm|gemv|nvjet|reduce" (reduce: the read floor's torch.sum at M = 1) so that the n-th profiled kernel stays the n-th variant.
+profile with --kernel-name regex:"gemm|gemv|nvjet|reduce" (reduce: the read floor's torch.sum at M = 1) so that the
+n-th profiled kernel stays the n-th variant.
 Each variant is checked against the reference (decode + fp32 matmul) and warmed up before the profiler
 starts, then launched once inside cudaProfilerStart/Stop, in the order of VARIANTS (printed to stderr),
 so the n-th profiled kernel is the n-th variant.
