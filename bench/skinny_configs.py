@@ -1,6 +1,6 @@
 """The skinny kernel at 9–64 rows against what gemm_cuda dispatches today and cuBLAS BF16. One GPU call.
 
-    W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--w12-only] [--out DIR]
+    W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--w12-only] [--shapes 4096x4096,…] [--out DIR]
     W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py python bench/kernels.py    # the tables with the adopted entries
 
 Its forms may beat the skinny configs that gemm_cuda.TABLE chose without them: xreg (CudaConfig.xreg, nt = 4: unroll
@@ -59,7 +59,7 @@ def checked_time(mt, x, ref, cfg, view):
         return f"rel. error {err:.1e}"
     if not all(torch.equal(mt.run(x, view=view, cuda=cfg), y) for _ in range(3)):
         return "not deterministic"
-    if cfg.wide and not torch.equal(mt.run(x, view=view, cuda=dataclasses.replace(cfg, wide=False)), y):
+    if getattr(cfg, "wide", False) and not torch.equal(mt.run(x, view=view, cuda=dataclasses.replace(cfg, wide=False)), y):
         return "other bits than the plain form (the same adds in the same order: they must match)"
     return bench(lambda: mt.run(x, view=view, cuda=cfg))
 
@@ -68,6 +68,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="24,32,48,64")
     ap.add_argument("--w12-only", action="store_true", help="time W12 only, not the 8-bit view")
+    ap.add_argument("--shapes", default="", help="N×K,… (default: bench/kernels.py's ten)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     ms = [int(v) for v in a.ms.split(",")]
@@ -76,7 +77,9 @@ def main():
     ident = "every candidate bit-exact (decode, view) with escapes restored" if not bad else f"FAILED: {sorted(bad)}"
     print("identity product:", ident, flush=True)
     rows, fails, times = [], [], {}  # times[(n, k, bucket, view)][config or "today"][m] = µs
-    for n, k, m, mt, x, ref32, t_cb in sweep_cases(ms):
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
+    opts = (" --w12-only" if a.w12_only else "") + (f" --shapes {a.shapes}" if a.shapes else "")
+    for n, k, m, mt, x, ref32, t_cb in sweep_cases(ms, shapes=shapes):
         for view in (False,) if a.w12_only else (False, True):
             ref = ref32 if not view else x.float() @ view_weights(mt).float().t()
             today = gc.dispatched_config(m, n, k, view)
@@ -101,8 +104,8 @@ def main():
                         + " | ".join(f"{cfg_str(c)} {res[c]:.1f}" if c else "-" for c in best.values())
                         + f" | {t_cb / fastest:.3f} |")
             print(rows[-1], flush=True)
-            write(a.out, ms, a.w12_only, ident, rows, adopt(times), fails)
-    write(a.out, ms, a.w12_only, ident, rows, adopt(times), fails, done=True)
+            write(a.out, ms, opts, ident, rows, adopt(times), fails)
+    write(a.out, ms, opts, ident, rows, adopt(times), fails, done=True)
 
 
 def adopt(times) -> dict:
@@ -137,13 +140,13 @@ def fmt(t) -> str:
     return f"{t:.1f}" if isinstance(t, float) else f"({t})"
 
 
-def write(out, ms, w12_only, ident, rows, table, fails, done=False):
+def write(out, ms, opts, ident, rows, table, fails, done=False):
     text = "\n".join([
         f"# Skinny kernel forms against today's dispatch (bench/skinny_configs.py) — {datetime.date.today()}", "",
         *([] if done else [f"**Incomplete**: {len(rows)} rows.", ""]),
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         f"- command: `W12_CUDA=1 python bench/skinny_configs.py --ms {','.join(map(str, ms))}"
-        f"{' --w12-only' if w12_only else ''}`",
+        f"{opts}`",
         f"- identity product: {ident}; every timed candidate within 1e-2 of the reference and deterministic (else "
         "listed at the end); µs: CUDA graph replay, do_bench, L2 flushed, median", "",
         "| N×K | M | | cuBLAS µs | today µs | " + " | ".join(f"best {w}-warp {f}" for w, f in KINDS)
