@@ -511,7 +511,7 @@ def main():
         with open(os.path.join(args.out, "cuda_table.py"), "w") as fh:
             fh.write("TABLE = {\n")
             for key, c in best.items():
-                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}, {c.xreg}, {c.wide}),\n")
+                fh.write(f"    {key}: CudaConfig({c.nt}, {c.warps}, {c.unroll}, {c.split}, {c.l2}, {c.xreg}),\n")
             fh.write("}\n")
 
     # ---- 3b. diagnostics: what a tiny call costs (launch + ramp floor) and what the escape epilogue costs
@@ -560,7 +560,7 @@ def main():
             if kind == "skinny":
                 cc = gc.pick_config(m, n, k)
                 c = (f"cuda {cc.nt}/{cc.warps}/{cc.unroll}/{cc.split}" + (f" l2 {cc.l2}" if cc.l2 else "")
-                     + (" xreg" if cc.xreg else "") + (" wide" if cc.wide else ""))
+                     + (" xreg" if cc.xreg else ""))
             elif kind == "ws":
                 cc = gc.dispatched_config(m, n, k)
                 c = f"cuda-ws {cc.nt}/{cc.split}" + (f" tail {cc.tail}" if cc.tail > 1 else "")

@@ -7,8 +7,7 @@
 Session 50 found that ptxas rebuilt every load address from the thread index for every record (the nt = 1 W12 loop
 ~155 instructions per record, 64 of them the decode): an instruction count here, before a device call, says whether
 a change to the loop did what it meant to. The loop is the largest backward branch whose body holds an MMA; per record
-= its instructions / (its MMAs / 4·NT), a record's 16 channels (a `wide` build's loop runs two such MMA tiles per
-record, so its figure is per 16 channels too). cuobjdump is not in this machine's CUDA install: the PyPI wheel
+= its instructions / (its MMAs / 4·NT). cuobjdump is not in this machine's CUDA install: the PyPI wheel
 `nvidia-cuda-cuobjdump` holds one (`pip download --no-deps nvidia-cuda-cuobjdump -d D && unzip D/*.whl -d D`, then
 CUOBJDUMP=D/nvidia/cu13/bin/cuobjdump).
 """
@@ -23,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NAME = re.compile(r"w12_gemv_kernelILi(\d+)ELb([01])ELi(\d+)ELi(\d+)ELb([01])ELb([01])E(?:Li(\d)E)?")  # H: none before s52
+NAME = re.compile(r"w12_gemv_kernelILi(\d+)ELb([01])ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 
 
 def cuobjdump() -> str:
@@ -61,9 +60,9 @@ def loops(sass: str, match: str):
                 body = [x for x in ins if int(b.group(1), 16) <= x[0] <= at]
                 if any("HMMA" in x[1] for x in body) and len(body) > len(best):
                     best = body
-        nt, view, warps, u, trace, xreg, h = m.groups()
+        nt, view, warps, u, trace, xreg = m.groups()
         label = f"nt {nt} {'view' if view == '1' else 'W12'} {warps} warps U {u}{' trace' if trace == '1' else ''}" \
-                f"{' xreg' if xreg == '1' else ''}{' wide' if h == '2' else ''}"
+                f"{' xreg' if xreg == '1' else ''}"
         ops = collections.Counter(re.sub(r"^@!?U?P\d+\s+", "", s).split()[0].split(".")[0] for _, s in best)
         yield label, len(best), ops["HMMA"], int(nt), ops
 

@@ -3,16 +3,14 @@
     W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--w12-only] [--shapes 4096x4096,…] [--out DIR]
     W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py python bench/kernels.py    # the tables with the adopted entries
 
-Its forms may beat the skinny configs that gemm_cuda.TABLE chose without them: xreg (CudaConfig.xreg, nt = 4: unroll
-1, the next group's X words in registers; with 4 warps a CTA per SM fewer, with 8 capped to keep its CTAs per SM) and
-wide (CudaConfig.wide, nt = 2 and 4: 32 channels per CTA, each warp's X fragments feeding two 16-channel MMA tiles).
+Its xreg form (CudaConfig.xreg, nt = 4: unroll 1, the next group's X words in registers; with 4 warps a CTA per SM
+fewer, with 8 capped to keep its CTAs per SM) may beat the skinny configs that gemm_cuda.TABLE chose without it.
 1. Identity product (X = consecutive rows of the identity, Y[m, n] = W[n, i + m]) for every candidate on N = 300 ×
    K = 1024 with escapes, a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes
    restored (bench/kernels.identity_product).
 2. Per (shape, M), W12 and view (--w12-only: W12): every candidate CudaConfig(nt = 4, or 2 and 4 up to 16 rows;
-   4 or 8 warps, unroll 1, split 1/2/3/4/6/8; plain, xreg at nt = 4, wide) checked against the reference (decoded
-   weights, fp32 matmul: relative ∞-norm error < 1e-2), for determinism (the same bits over 3 runs) and, wide, for the
-   plain form's bits (the same adds in the same order), then timed as
+   4 or 8 warps, unroll 1, split 1/2/3/4/6/8; ± xreg at nt = 4) checked against the reference (decoded weights, fp32
+   matmul: relative ∞-norm error < 1e-2) and for determinism (the same bits over 3 runs), then timed as
    bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside today's dispatch and cuBLAS
    (`torch.matmul`).  Writes OUT/skinny_configs.md after every case and OUT/cuda_table.py (a TABLE for
    W12_CUDA_TABLE): per (N, K, TABLE bucket 16, 32 or 64, view) where today's dispatch is the skinny kernel at every M
@@ -20,7 +18,6 @@ wide (CudaConfig.wide, nt = 2 and 4: 32 channels per CTA, each warp's X fragment
 """
 
 import argparse
-import dataclasses
 import datetime
 import os
 import sys
@@ -34,21 +31,14 @@ from kernels import bench, decode_gpu, identity_product, rel, sweep_cases  # noq
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 SPLITS = (1, 2, 3, 4, 6, 8)
-KINDS = tuple((w, f) for w in (4, 8) for f in ("plain", "xreg", "wide"))  # the report's "best" columns
-
-
-FORMS = ("plain", "xreg", "wide")
-
-
-def form(c: gc.CudaConfig) -> str:
-    return FORMS[c.form]
+KINDS = ((4, True), (4, False), (8, True), (8, False))  # (warps, xreg): the report's "best" columns
 
 
 def candidates(k: int, m: int = 32):
-    """Unroll 1, nt = 4 (and 2 up to 16 rows), 4 or 8 warps, each form the nt has (xreg: nt = 4); each split of SPLITS
-    that leaves a warp ≥ 2 records."""
-    return [gc.CudaConfig(nt, w, 1, s, xreg=f == "xreg", wide=f == "wide") for nt in ((2, 4) if m <= 16 else (4,))
-            for w in (4, 8) for f in FORMS if f != "xreg" or nt == 4 for s in SPLITS if s <= k // 64 // (2 * w)]
+    """Unroll 1, nt = 4 (and 2 up to 16 rows), 4 or 8 warps, ± xreg (nt = 4); each split of SPLITS that leaves a warp
+    ≥ 2 records."""
+    return [gc.CudaConfig(nt, w, 1, s, xreg=x) for nt in ((2, 4) if m <= 16 else (4,)) for w in (4, 8)
+            for x in ((False, True) if nt == 4 else (False,)) for s in SPLITS if s <= k // 64 // (2 * w)]
 
 
 def checked_time(mt, x, ref, cfg, view):
@@ -59,8 +49,6 @@ def checked_time(mt, x, ref, cfg, view):
         return f"rel. error {err:.1e}"
     if not all(torch.equal(mt.run(x, view=view, cuda=cfg), y) for _ in range(3)):
         return "not deterministic"
-    if getattr(cfg, "wide", False) and not torch.equal(mt.run(x, view=view, cuda=dataclasses.replace(cfg, wide=False)), y):
-        return "other bits than the plain form (the same adds in the same order: they must match)"
     return bench(lambda: mt.run(x, view=view, cuda=cfg))
 
 
@@ -71,9 +59,10 @@ def main():
     ap.add_argument("--shapes", default="", help="N×K,… (default: bench/kernels.py's ten)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
     ms = [int(v) for v in a.ms.split(",")]
     bad = identity_product([c for c in candidates(4096, 16) if c.split in (1, 3)],
-                           lambda c: (c.nt, c.warps, c.split, form(c)))
+                           lambda c: (c.nt, c.warps, c.split, c.xreg))
     ident = "every candidate bit-exact (decode, view) with escapes restored" if not bad else f"FAILED: {sorted(bad)}"
     print("identity product:", ident, flush=True)
     rows, fails, times = [], [], {}  # times[(n, k, bucket, view)][config or "today"][m] = µs
@@ -96,7 +85,7 @@ def main():
             bucket = times.setdefault((n, k, 8 * gc._nt_for(m), view), {})
             for c, t in res.items():
                 bucket.setdefault(c, {})[m] = t
-            best = {kind: min((c for c in res if c != "today" and (c.warps, form(c)) == kind), key=res.get, default=None)
+            best = {kind: min((c for c in res if c != "today" and (c.warps, c.xreg) == kind), key=res.get, default=None)
                     for kind in KINDS}
             fastest = min(t for t in [*res.values(), t_today] if isinstance(t, float))
             rows.append(f"| {n}×{k} | {m} | {'view' if view else 'W12'} | {t_cb:.1f} | {cfg_str(today)} "
@@ -132,7 +121,7 @@ def view_weights(mt):
 
 def cfg_str(c) -> str:
     if isinstance(c, gc.CudaConfig):
-        return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split}" + ("" if c.form == 0 else " " + form(c))
+        return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split}" + (" xreg" if c.xreg else "")
     return f"{type(c).__name__[:2].lower()} {c}"
 
 
@@ -142,14 +131,14 @@ def fmt(t) -> str:
 
 def write(out, ms, opts, ident, rows, table, fails, done=False):
     text = "\n".join([
-        f"# Skinny kernel forms against today's dispatch (bench/skinny_configs.py) — {datetime.date.today()}", "",
+        f"# Skinny kernel configs against today's dispatch (bench/skinny_configs.py) — {datetime.date.today()}", "",
         *([] if done else [f"**Incomplete**: {len(rows)} rows.", ""]),
         f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}",
         f"- command: `W12_CUDA=1 python bench/skinny_configs.py --ms {','.join(map(str, ms))}"
         f"{opts}`",
         f"- identity product: {ident}; every timed candidate within 1e-2 of the reference and deterministic (else "
         "listed at the end); µs: CUDA graph replay, do_bench, L2 flushed, median", "",
-        "| N×K | M | | cuBLAS µs | today µs | " + " | ".join(f"best {w}-warp {f}" for w, f in KINDS)
+        "| N×K | M | | cuBLAS µs | today µs | " + " | ".join(f"best {w}-warp{' xreg' if x else ''}" for w, x in KINDS)
         + " | best vs cuBLAS |", "|---|---|---|---|---|" + "---|" * len(KINDS) + "---|", *rows, "",
         f"Adopted into OUT/cuda_table.py ({len(table)}; time over the bucket's M values relative to today's):", "",
         *(f"- {key}: {cfg_str(c)} ({r:.3f})" for key, (c, r) in table.items()),

@@ -30,13 +30,6 @@ class CudaConfig:
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
     xreg: bool = False  # nt = 4, unroll 1 only: the next records' X words held in registers (w12_gemv.cu Group's
     #                     XPF; with 4 warps a CTA per SM fewer than the plain form, with 8 the same)
-    wide: bool = False  # nt = 2 or 4, unroll 1, not xreg: 32 channels per CTA, each warp's X fragments feeding the MMAs
-    #                     of two 16-channel tiles (w12_gemv.cu's H = 2: half the X loads per weight)
-
-    @property
-    def form(self) -> int:
-        """w12_gemv's `form` argument: 0 plain, 1 xreg, 2 wide."""
-        return 2 if self.wide else int(self.xreg)
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -577,7 +570,7 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
                 int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2,
-                cfg.form)
+                int(cfg.xreg))
         else:
             if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "
@@ -594,7 +587,7 @@ def blocks_per_sm(cfg: CudaConfig, view: bool = False) -> int:
     """Resident CTAs per SM of the skinny kernel with `cfg` (CUDA's occupancy calculator: registers, shared
     memory); a launch of C CTAs runs in C / (blocks · SMs) waves."""
     blocks = ctypes.c_int(0)
-    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.form, ctypes.byref(blocks))
+    err = library().w12_gemv_occupancy(int(view), cfg.nt, cfg.warps, cfg.unroll, int(cfg.xreg), ctypes.byref(blocks))
     if err != 0:
         raise RuntimeError(f"w12_gemv_occupancy failed: cudaError {err} (config {cfg})")
     return blocks.value

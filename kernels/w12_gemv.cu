@@ -216,36 +216,33 @@ struct LoadPtrs {
   }
 };
 
-// U records of one warp's 16·H channels: view (and nibble) words of rows 16h + g and 16h + g + 8 for columns
-// 16t..16t+15 (H = 2, the WIDE form: both halves' MMAs take the same X fragments), plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
+// U records of one warp's 16 channels: view (and nibble) words of rows g and g+8 for columns
+// 16t..16t+15, plus the matching X words when they fit in registers (XPF; else compute() loads them, its latency
 // exposed).  The kernel sets XPF for NT ≤ 2, and for NT = 4 in its XREG form (U = 1): with 4 warps 21 more registers
 // (W12 123 → 144, 4 → 3 CTAs per SM), which wins where the grid still fits one wave — 6144×4096 M = 24 / 32 26.1 →
 // 23.8 / 28.3 → 26.3 µs — and loses where it then takes two (4096² M = 48 27.1 → 37.0); capped at 128 registers
 // to keep 4 CTAs per SM it was 2–3 % slower wherever it is dispatched (same bits), so only the 8-warp form is capped
 // (128, 2 CTAs per SM as the plain form).  A config choice: CudaConfig.xreg (2026-12-03-ab-x-nt4-h200-s22.md,
 // 2026-12-03-skinny-configs*-h200-s22.md, 2026-12-03-ab-xreg-cap-h200-s22.md).
-template <int NT, bool VIEW, int U, bool XPF, int H = 1>
+template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
-  uint4 va[U][H], vb[U][H], na[U][H], nb[U][H];
+  uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
-  // records kb + d + u·warps (those < KB), lp pointing at record kb; half h's rows 16h further on
+  // records kb + d + u·warps (those < KB), lp pointing at record kb
   __device__ __forceinline__ void load(const LoadPtrs<NT>& lp, int d, int kb, int KB, int warps,
                                        uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int o = d + u * warps;
       if (kb + o < KB) {
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-          const uint8_t* rv = lp.pv + (size_t)o * REC + h * 16 * 64;
-          const uint8_t* rn = lp.pn + (size_t)o * REC + h * 16 * 32;
-          va[u][h] = ld_stream(rv, pol);
-          vb[u][h] = ld_stream(rv + 8 * 64, pol);
-          if (!VIEW) {
-            na[u][h] = ld_stream(rn, pol);
-            nb[u][h] = ld_stream(rn + 8 * 32, pol);
-          }
+        const uint8_t* rv = lp.pv + (size_t)o * REC;
+        const uint8_t* rn = lp.pn + (size_t)o * REC;
+        va[u] = ld_stream(rv, pol);
+        vb[u] = ld_stream(rv + 8 * 64, pol);
+        if (!VIEW) {
+          na[u] = ld_stream(rn, pol);
+          nb[u] = ld_stream(rn + 8 * 32, pol);
         }
         if (XPF) {
 #pragma unroll
@@ -255,7 +252,7 @@ struct Group {
     }
   }
 
-  __device__ __forceinline__ void compute(float (&acc)[H][NT][4], const LoadPtrs<NT>& lp, int d, int kb, int KB,
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], const LoadPtrs<NT>& lp, int d, int kb, int KB,
                                           int warps, uint32_t nkeep) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -271,8 +268,7 @@ struct Group {
             load_x16(ya[j], yb[j], lp.px(j, o));
           }
         }
-#pragma unroll
-        for (int h = 0; h < H; ++h) record_mma<NT, VIEW>(acc[h], va[u][h], vb[u][h], na[u][h], nb[u][h], ya, yb, nkeep);
+        record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
       }
     }
   }
@@ -573,12 +569,7 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
 
 // (Measured and not kept: kernels/w12_gemv_tried.md, "Skinny kernel".)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
-// H = 2 (the WIDE form, nt = 2 and 4, unroll 1, not XREG): a CTA owns 32 channels, two 16-channel tiles c·2 and c·2 + 1
-// of the same record row; each warp loads a record's rows for both and runs both tiles' MMAs on the same X fragments,
-// so X's loads (at 17–32 rows twice the weights' bytes per 16 channels, each at an L2 round trip outside XREG) are
-// halved per weight.  The epilogue runs once per tile, as the 16-channel CTA's does: the same adds in the same order,
-// so the same bits.
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false, int H = 1>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
                                               : XREG && WARPS == 8                                 ? 2
                                                                                                    : 0) w12_gemv_kernel(
@@ -586,22 +577,21 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
     int l2_pct) {
-  static_assert(H == 1 || (H == 2 && NT >= 2 && !XREG && !TRACE), "the WIDE form: nt >= 2, not XREG");
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
-  __shared__ __align__(16) float red_h[H][WARPS][16][MT];
+  __shared__ __align__(16) float red[WARPS][16][MT];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
-  __shared__ uint2 s_ent_h[H][THREADS];       // each tile's escape entries (row << 24 | column, h)
+  __shared__ uint2 s_ent[THREADS];            // the CTA's escape entries (row << 24 | column, h)
   __shared__ float s_esc[3][32];              // warp0_finish's staged entries
   constexpr bool XE = !VIEW && NT >= 2;          // esc_x_prefetch's path (nt = 1 keeps the CTA-wide one: see there)
   __shared__ uint16_t s_xe[XE ? 32 : 1][MT];      // X of the first 32 entries' columns, rows m0.. (esc_x_prefetch)
   constexpr bool EX = XE && WARPS == 4;            // the escapes' X copied in the prologue (see there)
-  __shared__ uint32_t s_xw[H][EX ? 32 : 1][EX ? MT : 1];  // EX: the X word (2 columns) of entry l's column, row m0 + m
-  __shared__ uint2 s_entw[H][XE ? WARPS : 1][32];  // each warp's own copy of the first 32 entries (esc_x_prefetch)
-  __shared__ __align__(16) uint8_t s_e_h[16 * H];  // E_n of the CTA's 16·H channels
+  __shared__ uint32_t s_xw[EX ? 32 : 1][EX ? MT : 1];  // EX: the X word (2 columns) of entry l's column, row m0 + m
+  __shared__ uint2 s_entw[XE ? WARPS : 1][32];    // each warp's own copy of the first 32 entries (esc_x_prefetch)
+  __shared__ __align__(16) uint8_t s_e[16];    // E_n of the tile's 16 channels
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -627,50 +617,39 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const int v0 = g * 64 + 16 * t;  // in-record byte offsets of rows g (and g + 8: + 8·64, + 8·32) for r0 = 0
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1);
   const uint32_t nkeep = nib_keep(t);  // columns 32..63 sit in the high nibbles
-  // the CTA's 16-channel tiles c·H + h (h < H): record row nb, rows rb + 16h
-  const int c = blockIdx.x * H, nb = c >> 3, rb = (c & 7) * 16, m0 = blockIdx.y * MT;
-  const int S = gridDim.z;
+  const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
+  const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
-  // then (cp.async, no registers held) the tiles' exponents and the first THREADS escape entries of each
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
   pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
-  int e_lo[H], e_hi[H];
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    e_lo[h] = e_hi[h] = 0;
-    if (!VIEW) {
-      e_lo[h] = __ldg(toff + (long)(c + h) * KB + a);
-      e_hi[h] = __ldg(toff + (long)(c + h) * KB + b);
-    }
+  int e_lo = 0, e_hi = 0;
+  if (!VIEW) {
+    e_lo = __ldg(toff + (long)c * KB + a);
+    e_hi = __ldg(toff + (long)c * KB + b);
   }
   const uint8_t* base = rec + ((size_t)nb * KB) * REC;
   const int k0 = a + warp;  // the warp's first record
   LoadPtrs<NT> lp;           // at record k0
   lp.ox = (uint32_t)k0 * 64;
-  lp.pv = base + (size_t)k0 * REC + v0 + rb * 64;
-  lp.pn = base + (size_t)k0 * REC + n0 + rb * 32;
+  lp.pv = base + (size_t)k0 * REC + v0 + r0 * 64;
+  lp.pn = base + (size_t)k0 * REC + n0 + r0 * 32;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = m0 + 8 * j + g;
     lp.xr[j] = x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
   }
-  float acc[H][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int h = 0; h < H; ++h)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[h][j][0] = acc[h][j][1] = acc[h][j][2] = acc[h][j][3] = 0.f;
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
-  Group<NT, VIEW, U, NT <= 2 || XREG, H> ga, gb;
+  Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(lp, 0, k0, b, WARPS, pol);
   gb.load(lp, STEP, k0, b, WARPS, pol);
-  if (tid < H) cp_async16(s_e_h + 16 * tid, expo + nb * 128 + rb + 16 * tid);
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
-    if (!VIEW && e_lo[h] + tid < e_hi[h]) cp_async8(&s_ent_h[h][tid], tent + 2 * (long)(e_lo[h] + tid));
-    if (XE && e_hi[h] - e_lo[h] <= 32 && lane < e_hi[h] - e_lo[h])
-      cp_async8(&s_entw[h][warp][lane], tent + 2 * (long)(e_lo[h] + lane));
-  }
+  if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
+  if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
+  if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
   pdl_launch_dependents();
   // EX: the warp waits for its entries and copies their X words (rows m ≡ warp mod WARPS) while the main loop runs,
   // instead of loading them after it (esc_x_prefetch): the wait at the start overlaps the first records' loads, the
@@ -678,19 +657,17 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   // 28672×4096 66.2 → 59.8, 5120×25600 70.5 → 65.8; the 8-warp ones lost 3 % (4096² 15.2 → 15.7)
   // (2026-12-04-ab-skinny-early-x-h200-s33.md; at nt = 1, warp 0 copying its X words the same way lost 2 % at M = 1:
   // kernels/w12_gemv_tried.md).
-  if (EX && (e_hi[0] - e_lo[0] <= 32 || e_hi[H - 1] - e_lo[H - 1] <= 32)) {
+  if (EX && e_hi - e_lo <= 32) {
     cp_async_wait_all();
     __syncwarp();
+    if (lane < e_hi - e_lo) {
+      const int col = (int)(s_entw[warp][lane].x & 0xFFFFFEu);
 #pragma unroll
-    for (int h = 0; h < H; ++h)
-      if (e_hi[h] - e_lo[h] <= 32 && lane < e_hi[h] - e_lo[h]) {
-        const int col = (int)(s_entw[h][warp][lane].x & 0xFFFFFEu);
-#pragma unroll
-        for (int i = 0; i < (MT + WARPS - 1) / WARPS; ++i) {
-          const int m = warp + WARPS * i;
-          if (m < MT && m0 + m < M) cp_async4(&s_xw[h][lane][m], x + (size_t)(m0 + m) * ldx + col);
-        }
+      for (int i = 0; i < (MT + WARPS - 1) / WARPS; ++i) {
+        const int m = warp + WARPS * i;
+        if (m < MT && m0 + m < M) cp_async4(&s_xw[lane][m], x + (size_t)(m0 + m) * ldx + col);
       }
+    }
   }
 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
@@ -702,129 +679,123 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     lp.advance(2 * STEP);
   }
 
-  // ---- epilogue, per tile: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
+  // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
 #pragma unroll
-  for (int h = 0; h < H; ++h)
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      red_h[h][warp][g][8 * j + 2 * t] = acc[h][j][0];
-      red_h[h][warp][g][8 * j + 2 * t + 1] = acc[h][j][1];
-      red_h[h][warp][g + 8][8 * j + 2 * t] = acc[h][j][2];
-      red_h[h][warp][g + 8][8 * j + 2 * t + 1] = acc[h][j][3];
-    }
+  for (int j = 0; j < NT; ++j) {
+    red[warp][g][8 * j + 2 * t] = acc[j][0];
+    red[warp][g][8 * j + 2 * t + 1] = acc[j][1];
+    red[warp][g + 8][8 * j + 2 * t] = acc[j][2];
+    red[warp][g + 8][8 * j + 2 * t + 1] = acc[j][3];
+  }
   cp_async_wait_all();
   const int mcount = min(MT, M - m0);
   const bool pair = S == 2 && cluster_size() == 2;  // split 2 as a cluster pair (launch_t): finish_pair
-  // tile c + h; a return ends the tile (the CTA's threads alike), not the CTA
-  auto finish = [&](int h) {
-    float (&red)[WARPS][16][MT] = red_h[h];
-    uint2* s_ent = s_ent_h[h];
-    const uint8_t* s_e = s_e_h + 16 * h;
-    const int r0 = rb + 16 * h, tau = blockIdx.y * (gridDim.x * H) + c + h;
-    const int e_l = e_lo[h], e_h = e_hi[h];
-    // nt ≥ 2, ≤ 32 escapes: their X fetched by every warp before the barrier, the corrections below from shared memory
-    const bool xe = XE && e_h - e_l <= 32;
-    if (xe) esc_x_prefetch<MT, WARPS, !EX>(s_xe, s_mask, s_entw[h][warp], e_h - e_l, x, ldx, m0, mcount, warp, lane);
-    __syncthreads();
-    trace(1);
-    if (NT == 1 && mcount <= 2 && (VIEW || e_h - e_l <= 32)) {
-      // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
-      if (warp != 0) {
-        if (S == 1) return;
-      } else {
-        const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_h - e_l, x, ldx, m0, mcount, lane);
-        const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
-        if (S == 1) {
-          if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
-          return;
-        }
-        if (m < mcount) red[0][r][m] = out;
-      }
-      if (pair) {
-        finish_pair<MT>(&red[0][0][0], y, ldy, N, nb * 128 + r0, m0, mcount);
+  // nt ≥ 2, ≤ 32 escapes: their X fetched by every warp before the barrier, the corrections below from shared memory
+  const bool xe = XE && e_hi - e_lo <= 32;
+  if (xe) esc_x_prefetch<MT, WARPS, !EX>(s_xe, s_mask, s_entw[warp], e_hi - e_lo, x, ldx, m0, mcount, warp, lane);
+  __syncthreads();
+  trace(1);
+  if (NT == 1 && mcount <= 2 && (VIEW || e_hi - e_lo <= 32)) {
+    // one warp finishes the tile (M ≤ 2, ≤ 32 escapes: the usual decode case): no further CTA barrier
+    if (warp != 0) {
+      if (S == 1) return;
+    } else {
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
+      const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
+      if (S == 1) {
+        if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
+        trace(2);
         return;
       }
-      if (!splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last))
-        return;
-      __syncthreads();
-      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-        int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
-        if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
-      }
-      return;
-    }
-    for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-      int r = idx & 15, m = idx >> 4;
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
-      sum *= __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
-      if (xe)  // row r's entries in list order: + x[m, col] · (w − w_code), X from s_xe
-        for (uint32_t bm = s_mask[r][0]; bm; bm &= bm - 1) {
-          const int j = __ffs(bm) - 1;
-          const uint16_t xb = EX ? (uint16_t)(s_xw[h][j][m] >> (16 * (s_ent[j].x & 1u))) : s_xe[j][m];
-          sum = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), esc_delta(s_ent[j].y, s_e[r]), sum);
-        }
-      red[0][r][m] = sum;
-    }
-    if (!VIEW && !xe && e_h > e_l) {
-      for (int c0 = e_l; c0 < e_h; c0 += THREADS) {
-        if (c0 != e_l) {  // more escapes than threads: the next chunk (the first came with the loads)
-          __syncthreads();   // the previous chunk's readers are done
-          if (c0 + tid < e_h) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
-          __syncthreads();
-        }
-        // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
-        s_row[tid] = -1;
-        if (c0 + tid < e_h) {
-          const uint2 en = s_ent[tid];
-          int rl = (int)(en.x >> 24);
-          s_row[tid] = rl;
-          s_col[tid] = (int)(en.x & 0xFFFFFFu);
-          s_d[tid] = esc_delta(en.y, s_e[rl]);
-        }
-        __syncthreads();
-        // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
-        // per (row, X row) adds its row's entries in ascending order (deterministic, no search)
-        {
-          int rr = s_row[tid];
-#pragma unroll
-          for (int r = 0; r < 16; ++r) {
-            uint32_t bm = __ballot_sync(0xffffffffu, rr == r);
-            if (lane == 0) s_mask[r][warp] = bm;
-          }
-        }
-        __syncthreads();
-        for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
-          int r = idx & 15, m = idx >> 4;
-          const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
-          float out = red[0][r][m];
-          for (int cw = 0; cw < WARPS; ++cw) {
-            for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
-              int jj = 32 * cw + __ffs(bm) - 1;
-              out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
-            }
-          }
-          red[0][r][m] = out;
-        }
-      }
+      if (m < mcount) red[0][r][m] = out;
     }
     if (pair) {
       finish_pair<MT>(&red[0][0][0], y, ldy, N, nb * 128 + r0, m0, mcount);
+      trace(2);
       return;
     }
-    if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last))
+    if (!splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+      trace(2);
       return;
+    }
     __syncthreads();
     for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
       int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
       if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
     }
-  };
-  // Between tiles every thread has passed a barrier after its last read of the shared scratch (s_mask, s_xe, s_row..:
-  // splitk_last's, finish_pair's cluster_sync, or the one before the stores), so tile 1 may overwrite it.
+    trace(2);
+    return;
+  }
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4;
+    float sum = 0.f;
 #pragma unroll
-  for (int h = 0; h < H; ++h) finish(h);
+    for (int w = 0; w < WARPS; ++w) sum += red[w][r][m];
+    sum *= __int_as_float((int)s_e[r] << 23);  // 2^(E_n − 127), exact
+    if (xe)  // row r's entries in list order: + x[m, col] · (w − w_code), X from s_xe
+      for (uint32_t bm = s_mask[r][0]; bm; bm &= bm - 1) {
+        const int j = __ffs(bm) - 1;
+        const uint16_t xb = EX ? (uint16_t)(s_xw[j][m] >> (16 * (s_ent[j].x & 1u))) : s_xe[j][m];
+        sum = fmaf(__bfloat162float(__ushort_as_bfloat16(xb)), esc_delta(s_ent[j].y, s_e[r]), sum);
+      }
+    red[0][r][m] = sum;
+  }
+  if (!VIEW && !xe && e_hi > e_lo) {
+    for (int c0 = e_lo; c0 < e_hi; c0 += THREADS) {
+      if (c0 != e_lo) {  // more escapes than threads: the next chunk (the first came with the loads)
+        __syncthreads();   // the previous chunk's readers are done
+        if (c0 + tid < e_hi) s_ent[tid] = *reinterpret_cast<const uint2*>(tent + 2 * (long)(c0 + tid));
+        __syncthreads();
+      }
+      // entry -> (row in tile, column, w − w_code) with w_code = 2^(E_n − 142)
+      s_row[tid] = -1;
+      if (c0 + tid < e_hi) {
+        const uint2 en = s_ent[tid];
+        int rl = (int)(en.x >> 24);
+        s_row[tid] = rl;
+        s_col[tid] = (int)(en.x & 0xFFFFFFu);
+        s_d[tid] = esc_delta(en.y, s_e[rl]);
+      }
+      __syncthreads();
+      // per-row bit masks of the staged entries (one ballot per row and 32 entries), then one thread
+      // per (row, X row) adds its row's entries in ascending order (deterministic, no search)
+      {
+        int rr = s_row[tid];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          uint32_t bm = __ballot_sync(0xffffffffu, rr == r);
+          if (lane == 0) s_mask[r][warp] = bm;
+        }
+      }
+      __syncthreads();
+      for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+        int r = idx & 15, m = idx >> 4;
+        const __nv_bfloat16* xm = x + (size_t)(m0 + m) * ldx;
+        float out = red[0][r][m];
+        for (int cw = 0; cw < WARPS; ++cw) {
+          for (uint32_t bm = s_mask[r][cw]; bm; bm &= bm - 1) {
+            int jj = 32 * cw + __ffs(bm) - 1;
+            out = fmaf(__bfloat162float(xm[s_col[jj]]), s_d[jj], out);
+          }
+        }
+        red[0][r][m] = out;
+      }
+    }
+  }
+  if (pair) {
+    finish_pair<MT>(&red[0][0][0], y, ldy, N, nb * 128 + r0, m0, mcount);
+    trace(2);
+    return;
+  }
+  if (S > 1 && !splitk_last(&red[0][0][0], 16 * MT, ws + (size_t)tau * S * 16 * MT, S, blockIdx.z, tickets + tau, &s_last)) {
+    trace(2);
+    return;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 16 * mcount; idx += THREADS) {
+    int r = idx & 15, m = idx >> 4, n = nb * 128 + r0 + r;
+    if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
+  }
   trace(2);
 }
 
@@ -1885,14 +1856,13 @@ struct Args {
   int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false, int H = 1>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy,
-                                                         w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG, H>,
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG>,
                                                          WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(a.NB * 8 / H, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -1909,31 +1879,20 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG, H>, (const __nv_bfloat16*)a.x, a.M,
-                            a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+                            (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
                             (int*)a.tickets, a.l2_pct);
 }
 
-// form: FORM_PLAIN, FORM_XREG (nt = 4, unroll 1: X words of the next records in registers) or FORM_WIDE (nt = 2 or 4,
-// unroll 1: 32 channels per CTA, H = 2)
-constexpr int FORM_PLAIN = 0, FORM_XREG = 1, FORM_WIDE = 2;
-
 template <int NT, bool VIEW>
-cudaError_t launch_wu(int warps, int unroll, int form, const Args& a, cudaStream_t st) {
-  if (form == FORM_XREG) {
+cudaError_t launch_wu(int warps, int unroll, int xreg, const Args& a, cudaStream_t st) {
+  if (xreg) {  // the XREG form: nt = 4, unroll 1 only
     if constexpr (NT == 4)
       if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, true>(a, st);
       else if (warps == 8 && unroll == 1) return launch_t<NT, VIEW, 8, 1, false, true>(a, st);
     return cudaErrorInvalidValue;
   }
-  if (form == FORM_WIDE) {
-    if constexpr (NT == 2 || NT == 4)
-      if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, false, 2>(a, st);
-      else if (warps == 8 && unroll == 1) return launch_t<NT, VIEW, 8, 1, false, false, 2>(a, st);
-    return cudaErrorInvalidValue;
-  }
-  if (form != FORM_PLAIN) return cudaErrorInvalidValue;
 #define W12_CASE(W, UU) \
   if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
   W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
@@ -1942,10 +1901,10 @@ cudaError_t launch_wu(int warps, int unroll, int form, const Args& a, cudaStream
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
-int dispatch(const Args& a, int view, int nt, int warps, int unroll, int form, cudaStream_t st) {
+int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, cudaStream_t st) {
 #define W12_NT(NTV) \
   if (nt == NTV) \
-    return view ? launch_wu<NTV, true>(warps, unroll, form, a, st) : launch_wu<NTV, false>(warps, unroll, form, a, st);
+    return view ? launch_wu<NTV, true>(warps, unroll, xreg, a, st) : launch_wu<NTV, false>(warps, unroll, xreg, a, st);
   W12_NT(1) W12_NT(2) W12_NT(4) W12_NT(8)
 #undef W12_NT
   return (int)cudaErrorInvalidValue;
@@ -1959,24 +1918,24 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int form, c
 // the kernel leaves at zero).  toff/tent: the per-tile escape lists (gemm_cuda.tile_escapes; unused for the view).
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  l2_pct: % of the weight lines loaded with L2 priority
-// evict_normal, the rest evict_first (weight_policy; 0–100).  form: 0 plain, 1 the XREG form (X words of the next
-// records in registers; nt = 4, unroll 1 only), 2 the WIDE form (32 channels per CTA; nt = 2 or 4, unroll 1 only).
+// evict_normal, the rest evict_first (weight_policy; 0–100).  xreg: 1 = the XREG form (X words of the next
+// records in registers; nt = 4, unroll 1 only).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int form) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int xreg) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
-  return dispatch(a, view, nt, warps, unroll, form, (cudaStream_t)stream);
+  return dispatch(a, view, nt, warps, unroll, xreg, (cudaStream_t)stream);
 }
 
 // The skinny kernel's resident CTAs per SM for a config (registers and shared memory), for the wave count
 // CTAs / (blocks · SMs) that bench/kernels.py reports.  Returns a cudaError_t; *blocks gets the count.
-extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int form, int* blocks) {
+extern "C" int w12_gemv_occupancy(int view, int nt, int warps, int unroll, int xreg, int* blocks) {
   Args a{};
   a.occupancy = blocks;
-  return dispatch(a, view, nt, warps, unroll, form, nullptr);
+  return dispatch(a, view, nt, warps, unroll, xreg, nullptr);
 }
 
 // The skinny kernel's TRACE build for nt = 1 (M ≤ 8): as w12_gemv, plus trace: u64 [8 · CTAs] (CTAs = NB·8 ·

@@ -277,7 +277,7 @@ def test_configs_name_compiled_kernels(tmp_path):
 
     def skinny(c, view):
         return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p, c.l2,
-                            c.form)
+                            int(c.xreg))
 
     def ws(nt, split, view):
         return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1, 1, 1)
@@ -304,10 +304,6 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(skinny(gc.CudaConfig(4, w, 1, 1, xreg=True), v) not in (0, 1) for w in (4, 8) for v in (0, 1))
     assert all(skinny(gc.CudaConfig(nt, 4, u, 1, xreg=True), v) == 1
                for nt, u in ((2, 1), (8, 1), (4, 2)) for v in (0, 1))
-    assert all(skinny(gc.CudaConfig(nt, w, 1, 1, wide=True), v) not in (0, 1) for nt in (2, 4) for w in (4, 8)
-               for v in (0, 1))
-    assert all(skinny(gc.CudaConfig(nt, 4, u, 1, wide=True), v) == 1
-               for nt, u in ((1, 1), (8, 1), (2, 2), (4, 2)) for v in (0, 1))
 
 
 @pytest.mark.parametrize("env, expected", [({}, False), ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, True),
