@@ -304,6 +304,9 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(skinny(gc.CudaConfig(4, w, 1, 1, xreg=True), v) not in (0, 1) for w in (4, 8) for v in (0, 1))
     assert all(skinny(gc.CudaConfig(nt, 4, u, 1, xreg=True), v) == 1
                for nt, u in ((2, 1), (8, 1), (4, 2)) for v in (0, 1))
+    # bench/skinny_configs.py's candidates are all compiled (its sweep would list the others as failures)
+    sweep = {c for m in (16, 32) for c in _bench_module("skinny_configs").candidates(4096, m)}
+    assert {c.nt for c in sweep} == {2, 4} and all(skinny(c, v) not in (0, 1) for c in sweep for v in (0, 1))
 
 
 @pytest.mark.parametrize("env, expected", [({}, False), ({"TORCHINDUCTOR_ENABLE_PDL": "1"}, True),
