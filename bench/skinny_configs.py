@@ -8,7 +8,7 @@ fewer, with 8 capped to keep its CTAs per SM) may beat the skinny configs that g
 1. Identity product (X = consecutive rows of the identity, Y[m, n] = W[n, i + m]) for every candidate on N = 300 ×
    K = 1024 with escapes, a full and a partial M tile: in-window weights and the 8-bit view bit-exact, escapes
    restored (bench/kernels.identity_product).
-2. Per (shape, M), W12 and view (--w12-only: W12): every candidate CudaConfig(nt = 4, or 2 and 4 up to 16 rows;
+2. Per (shape, M), W12 and view (--w12-only: W12): every candidate CudaConfig(nt = 4, or 2 and 4 up to 32 rows;
    4 or 8 warps, unroll 1, split 1/2/3/4/6/8; ± xreg at nt = 4) checked against the reference (decoded weights, fp32
    matmul: relative ∞-norm error < 1e-2) and for determinism (the same bits over 3 runs), then timed as
    bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside today's dispatch and cuBLAS
@@ -35,9 +35,9 @@ KINDS = ((4, True), (4, False), (8, True), (8, False))  # (warps, xreg): the rep
 
 
 def candidates(k: int, m: int = 32):
-    """Unroll 1, nt = 4 (and 2 up to 16 rows), 4 or 8 warps, ± xreg (nt = 4); each split of SPLITS that leaves a warp
-    ≥ 2 records."""
-    return [gc.CudaConfig(nt, w, 1, s, xreg=x) for nt in ((2, 4) if m <= 16 else (4,)) for w in (4, 8)
+    """Unroll 1, nt = 4 (and 2 up to 32 rows: two M tiles at 17–32, as the 4096² view's entry), 4 or 8 warps, ± xreg
+    (nt = 4); each split of SPLITS that leaves a warp ≥ 2 records."""
+    return [gc.CudaConfig(nt, w, 1, s, xreg=x) for nt in ((2, 4) if m <= 32 else (4,)) for w in (4, 8)
             for x in ((False, True) if nt == 4 else (False,)) for s in SPLITS if s <= k // 64 // (2 * w)]
 
 
