@@ -292,6 +292,9 @@ def _nt_for(m: int) -> int:
 # 8 warps on 4096×14336 (23.7 → 23.1 µs), and 8 warps with l2 = 100 on the two LM heads (128256×4096 135.9 → 131.6,
 # 151936×5120 195.6 → 188.2); the other seven kept (m8_rule_config's view rule picks them too, but for 51200×5120's 8
 # warps, 1 % slower).
+# Session 52: 4096² W12 at 17–32 rows takes the xreg form with 4 warps (the table's 4/8/1/1 predates the load-pointer
+# loop): at M = 32 19.0 against 20.0 µs on the H200 (cuBLAS 19.6; 2026-12-06-skinny-configs-wide-FAILED-h200-s52.md,
+# call 4's rows), 20.0 against 21.9 on an H100 (2026-12-06-skinny-configs-m32-h100-s50-call6.md).
 TABLE: dict = {
     (6144, 4096, 8, False): CudaConfig(1, 8, 1, 1),
     (6144, 4096, 8, True): CudaConfig(1, 8, 1, 1),
@@ -305,7 +308,7 @@ TABLE: dict = {
     (4096, 4096, 8, True): CudaConfig(1, 8, 1, 1),
     (4096, 4096, 16, False): CudaConfig(2, 8, 1, 1),
     (4096, 4096, 16, True): CudaConfig(2, 8, 1, 1),
-    (4096, 4096, 32, False): CudaConfig(4, 8, 1, 1),
+    (4096, 4096, 32, False): CudaConfig(4, 4, 1, 1, xreg=True),
     (4096, 4096, 32, True): CudaConfig(2, 4, 1, 1),
     (4096, 4096, 64, False): CudaConfig(4, 4, 1, 1),
     (4096, 4096, 64, True): CudaConfig(4, 4, 1, 1, xreg=True),

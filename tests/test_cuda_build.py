@@ -321,18 +321,22 @@ def test_pdl_switch(env, expected):
 
 
 def _bench_module(name: str):
-    """bench/<name>.py loaded as a module, leaving sys.path as it was (the script puts bench/ first, where its
-    kernels.py would shadow the PyPI `kernels` package that transformers imports)."""
+    """bench/<name>.py loaded as a module, leaving sys.path and sys.modules as they were (the script puts bench/ first,
+    where its kernels.py would shadow the PyPI `kernels` package that transformers imports; a script that imports
+    bench/kernels.py gets it, not a PyPI `kernels` an earlier test imported)."""
     import importlib.util
 
     path = ROOT / "bench" / f"{name}.py"
-    saved = sys.path[:]
+    saved, shadowed = sys.path[:], {k: sys.modules.pop(k) for k in ("kernels", "revision") if k in sys.modules}
     try:
         spec = importlib.util.spec_from_file_location(f"w12_bench_{name}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
         sys.path[:] = saved
+        for k in ("kernels", "revision"):
+            sys.modules.pop(k, None)
+        sys.modules.update(shadowed)
     return mod
 
 
