@@ -1,7 +1,7 @@
 """The skinny kernel at 9–64 rows against what gemm_cuda dispatches today and cuBLAS BF16. One GPU call.
 
     W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--w12-only] [--shapes 4096x4096,…] [--out DIR]
-    W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py python bench/kernels.py    # the tables with the adopted entries
+    W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py W12_WS_TABLE=DIR/ws_table.py python bench/kernels.py  # adopted
 
 Its xreg form (CudaConfig.xreg, nt = 4: unroll 1, the next group's X words in registers; with 4 warps a CTA per SM
 fewer, with 8 capped to keep its CTAs per SM) may beat the skinny configs that gemm_cuda.TABLE chose without it.
@@ -15,6 +15,9 @@ fewer, with 8 capped to keep its CTAs per SM) may beat the skinny configs that g
    (`torch.matmul`).  Writes OUT/skinny_configs.md after every case and OUT/cuda_table.py (a TABLE for
    W12_CUDA_TABLE): per (N, K, TABLE bucket 16, 32 or 64, view) where today's dispatch is the skinny kernel at every M
    of the bucket, the candidate with the least total time over those M if that total is at least 3 % below today's.
+   With --adopt-ws also W12 buckets that the ws (or stream) kernel takes today; OUT/ws_table.py (W12_WS_TABLE) then
+   removes their WS_TABLE keys, so that gemm_cuda.kernel_for hands the bucket to the skinny kernel (the 8-bit view
+   too, at its own TABLE entry: time it with bench/kernels.py before landing such an entry).
 """
 
 import argparse
@@ -57,6 +60,9 @@ def main():
     ap.add_argument("--ms", default="24,32,48,64")
     ap.add_argument("--w12-only", action="store_true", help="time W12 only, not the 8-bit view")
     ap.add_argument("--shapes", default="", help="N×K,… (default: bench/kernels.py's ten)")
+    ap.add_argument("--adopt-ws", action="store_true",
+                    help="also adopt W12 buckets that the ws or stream kernel takes today (OUT/ws_table.py then removes "
+                         "their WS_TABLE keys: the 8-bit view moves to its TABLE entry with them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -67,7 +73,9 @@ def main():
     print("identity product:", ident, flush=True)
     rows, fails, times = [], [], {}  # times[(n, k, bucket, view)][config or "today"][m] = µs
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
-    opts = (" --w12-only" if a.w12_only else "") + (f" --shapes {a.shapes}" if a.shapes else "")
+    opts = (" --w12-only" if a.w12_only else "") + (f" --shapes {a.shapes}" if a.shapes else "") + (
+        " --adopt-ws" if a.adopt_ws else "")
+    moved = set()  # (n, k, bucket, view) where some M is not the skinny kernel's today
     for n, k, m, mt, x, ref32, t_cb in sweep_cases(ms, shapes=shapes):
         for view in (False,) if a.w12_only else (False, True):
             ref = ref32 if not view else x.float() @ view_weights(mt).float().t()
@@ -75,7 +83,9 @@ def main():
             t_today = checked_time(mt, x, ref, today, view)
             if isinstance(t_today, str):
                 fails.append(f"- {n}×{k} M={m} {'view' if view else 'W12'} today's {today}: {t_today}")
-            res = {"today": t_today} if isinstance(today, gc.CudaConfig) and isinstance(t_today, float) else {}
+            res = {"today": t_today} if isinstance(t_today, float) else {}
+            if not isinstance(today, gc.CudaConfig):
+                moved.add((n, k, 8 * gc._nt_for(m), view))
             for c in candidates(k, m):
                 t = checked_time(mt, x, ref, c, view)
                 if isinstance(t, str):
@@ -93,17 +103,19 @@ def main():
                         + " | ".join(f"{cfg_str(c)} {res[c]:.1f}" if c else "-" for c in best.values())
                         + f" | {t_cb / fastest:.3f} |")
             print(rows[-1], flush=True)
-            write(a.out, ms, opts, ident, rows, adopt(times), fails)
-    write(a.out, ms, opts, ident, rows, adopt(times), fails, done=True)
+            write(a.out, ms, opts, ident, rows, adopt(times, moved, a.adopt_ws), fails)
+    write(a.out, ms, opts, ident, rows, adopt(times, moved, a.adopt_ws), fails, done=True)
 
 
-def adopt(times) -> dict:
-    """(n, k, bucket, view) -> the candidate adopted (see the module docstring)."""
+def adopt(times, moved=frozenset(), adopt_ws=False) -> dict:
+    """(n, k, bucket, view) -> (the candidate adopted, its time over today's) (see the module docstring).  A bucket
+    that another kernel takes at some M today (moved) only with adopt_ws, and only for W12 (the view follows W12's
+    dispatch: gemm_cuda.kernel_for)."""
     out = {}
     for key, res in times.items():
         today = res.get("today", {})
         ms = set().union(*(r.keys() for r in res.values()))
-        if set(today) != ms:  # some M of the bucket is not the skinny kernel's today
+        if set(today) != ms or (key in moved and not (adopt_ws and not key[3])):
             continue
         cands = {c: sum(r.values()) for c, r in res.items() if c != "today" and set(r) == ms}
         best = min(cands, key=cands.get, default=None)  # None: every candidate failed a check at some M
@@ -148,6 +160,10 @@ def write(out, ms, opts, ident, rows, table, fails, done=False):
     with open(os.path.join(out, "cuda_table.py"), "w") as fh:
         fh.write("# (N, K, M bucket, view) -> CudaConfig: bench/skinny_configs.py's adopted entries (W12_CUDA_TABLE)\n")
         fh.write("TABLE = {\n" + "".join(f"    {key}: {c},\n" for key, (c, _) in table.items()) + "}\n")
+    with open(os.path.join(out, "ws_table.py"), "w") as fh:  # the WS_TABLE keys of the buckets moved to skinny
+        fh.write("# (N, K, M bucket) -> None: WS_TABLE keys removed (W12_WS_TABLE), bench/skinny_configs.py --adopt-ws\n")
+        fh.write("WS_TABLE = {\n" + "".join(f"    {key[:3]}: None,\n" for key in table if key[:3] in gc.WS_TABLE)
+                 + "}\n")
     if done:
         print(text, flush=True)
 

@@ -139,6 +139,31 @@ def test_ws_table_dispatch(tmp_path, monkeypatch):
     assert gc.dispatched_config(100, 6144, 4096) == gc.WS_TABLE[(6144, 4096, 128)]
 
 
+
+def test_ws_table_removal_and_adopt_ws(tmp_path, monkeypatch):
+    """A None entry in a W12_WS_TABLE file removes the key, handing the bucket to the skinny TABLE (W12 and the view
+    alike); bench/skinny_configs.adopt takes a bucket that another kernel runs today only with adopt_ws and only for
+    W12, and only where the candidate is ≥ 3 % faster over the bucket's M values."""
+    monkeypatch.setattr(gc, "WS_TABLE", dict(gc.WS_TABLE))
+    assert gc.kernel_for(32, 28672, 4096) == "ws"
+    p = tmp_path / "ws_table.py"
+    p.write_text("WS_TABLE = {\n    (28672, 4096, 32): None,\n    (1, 2, 3): None,\n}\n")
+    monkeypatch.setenv("W12_WS_TABLE", str(p))
+    gc._load_override()
+    assert (28672, 4096, 32) not in gc.WS_TABLE and (28672, 4096, 64) in gc.WS_TABLE
+    assert gc.kernel_for(32, 28672, 4096) == gc.kernel_for(24, 28672, 4096, view=True) == "skinny"
+    assert gc.dispatched_config(32, 28672, 4096) == gc.TABLE[(28672, 4096, 32, False)]
+    adopt = _bench_module("skinny_configs").adopt
+    c2, c4 = gc.CudaConfig(2, 4, 1, 1), gc.CudaConfig(4, 4, 1, 1)
+    times = {(9, 64, 32, False): {"today": {24: 10.0, 32: 10.0}, c2: {24: 9.0, 32: 9.0}, c4: {24: 9.9, 32: 9.9}},
+             (9, 64, 32, True): {"today": {24: 10.0, 32: 10.0}, c2: {24: 5.0, 32: 5.0}},
+             (9, 64, 16, False): {"today": {16: 10.0}, c2: {16: 9.8}}}  # 2 % is not enough
+    moved = {(9, 64, 32, False), (9, 64, 32, True)}
+    assert adopt(times, moved) == {}
+    assert adopt(times, moved, adopt_ws=True) == {(9, 64, 32, False): (c2, 0.9)}
+    assert adopt(times) == {(9, 64, 32, False): (c2, 0.9), (9, 64, 32, True): (c2, 0.5)}
+
+
 def test_stream_table_dispatch(tmp_path, monkeypatch):
     """A stream_table.py written by bench/stream_kernel.py (W12_STREAM_TABLE) sends its (shape, M bucket 1 / 8 / 16 /
     32, W12 or view) entries to the stream kernel, ahead of the other tables; one row is a bucket of its own; other M
