@@ -617,8 +617,10 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const int v0 = g * 64 + 16 * t;  // in-record byte offsets of rows g (and g + 8: + 8·64, + 8·32) for r0 = 0
   const int n0 = VIEW_BYTES + g * 32 + 16 * (t & 1);
   const uint32_t nkeep = nib_keep(t);  // columns 32..63 sit in the high nibbles
-  const int c = blockIdx.x, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.y * MT;
-  const int tau = blockIdx.y * gridDim.x + c, S = gridDim.z;
+  // grid (M tiles, 8·NB, S): a tile's M tiles are neighbours in launch order, so that they stream its records
+  // together and the second reads them from L2 even where the grid takes several waves
+  const int c = blockIdx.y, nb = c >> 3, r0 = (c & 7) * 16, m0 = blockIdx.x * MT;
+  const int tau = c * gridDim.x + blockIdx.x, S = gridDim.z;
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
@@ -1862,7 +1864,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG>,
                                                          WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(a.NB * 8, (a.M + 8 * NT - 1) / (8 * NT), a.split);
+  cfg.gridDim = dim3((a.M + 8 * NT - 1) / (8 * NT), a.NB * 8, a.split);  // see w12_gemv_kernel's c, m0
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
