@@ -1,6 +1,7 @@
 """The skinny kernel at 9–64 rows against what gemm_cuda dispatches today and cuBLAS BF16. One GPU call.
 
-    W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--w12-only] [--shapes 4096x4096,…] [--out DIR]
+    W12_CUDA=1 python bench/skinny_configs.py [--ms 24,32,48,64] [--w12-only] [--nts 2,4] [--adopt-ws]
+                                              [--shapes 4096x4096,…] [--out DIR]
     W12_CUDA=1 W12_CUDA_TABLE=DIR/cuda_table.py W12_WS_TABLE=DIR/ws_table.py python bench/kernels.py  # adopted
 
 Its xreg form (CudaConfig.xreg, nt = 4: unroll 1, the next group's X words in registers; with 4 warps a CTA per SM
@@ -59,6 +60,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ms", default="24,32,48,64")
     ap.add_argument("--w12-only", action="store_true", help="time W12 only, not the 8-bit view")
+    ap.add_argument("--nts", default="2,4", help="the candidates' nt values (2 is swept up to 32 rows)")
     ap.add_argument("--shapes", default="", help="N×K,… (default: bench/kernels.py's ten)")
     ap.add_argument("--adopt-ws", action="store_true",
                     help="also adopt W12 buckets that the ws or stream kernel takes today (OUT/ws_table.py then removes "
@@ -67,6 +69,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     ms = [int(v) for v in a.ms.split(",")]
+    nts = {int(v) for v in a.nts.split(",")}
     bad = identity_product([c for c in candidates(4096, 16) if c.split in (1, 3)],
                            lambda c: (c.nt, c.warps, c.split, c.xreg))
     ident = "every candidate bit-exact (decode, view) with escapes restored" if not bad else f"FAILED: {sorted(bad)}"
@@ -74,7 +77,7 @@ def main():
     rows, fails, times = [], [], {}  # times[(n, k, bucket, view)][config or "today"][m] = µs
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
     opts = (" --w12-only" if a.w12_only else "") + (f" --shapes {a.shapes}" if a.shapes else "") + (
-        " --adopt-ws" if a.adopt_ws else "")
+        " --adopt-ws" if a.adopt_ws else "") + (f" --nts {a.nts}" if a.nts != "2,4" else "")
     moved = set()  # (n, k, bucket, view) where some M is not the skinny kernel's today
     for n, k, m, mt, x, ref32, t_cb in sweep_cases(ms, shapes=shapes):
         for view in (False,) if a.w12_only else (False, True):
@@ -86,7 +89,7 @@ def main():
             res = {"today": t_today} if isinstance(t_today, float) else {}
             if not isinstance(today, gc.CudaConfig):
                 moved.add((n, k, 8 * gc._nt_for(m), view))
-            for c in candidates(k, m):
+            for c in (c for c in candidates(k, m) if c.nt in nts):
                 t = checked_time(mt, x, ref, c, view)
                 if isinstance(t, str):
                     fails.append(f"- {n}×{k} M={m} {'view' if view else 'W12'} {c}: {t}")
