@@ -85,15 +85,6 @@ __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
-__device__ __forceinline__ void cp_async16_if(bool p, uint32_t saddr, const void* gmem) {  // no branch: a predicate
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p cp.async.cg.shared.global [%0], [%1], 16;\n}" ::"r"(saddr),
-               "l"(gmem), "r"((int)p));
-}
-__device__ __forceinline__ uint4 lds128(uint32_t saddr) {
-  uint4 r;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(saddr));
-  return r;
-}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
@@ -209,10 +200,6 @@ struct LoadPtrs {
   const uint8_t* pn;
   const __nv_bfloat16* xr[NT];  // XMOVE: at record kb; else at column 16t, with ox = 64·kb
   uint32_t ox;
-  // XS (Group): the lane's copies start at X element xc (row m0 + lane / 8, column 64·kb + 8·(lane % 8)), row + 4i
-  // at xc + i·ldx4 for i < ncopy; into shared memory at wde (i even) / wdo (i odd) + 512·i, read back at rd + 1024·j
-  uint32_t xc = 0, ldx4 = 0, wde = 0, wdo = 0, rd = 0;
-  int ncopy = 0;
 
   __device__ __forceinline__ const __nv_bfloat16* px(int j, int d) const {
     return XMOVE ? xr[j] + d * 64 : xr[j] + (ox + (uint32_t)d * 64);
@@ -223,7 +210,6 @@ struct LoadPtrs {
     if constexpr (XMOVE) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) xr[j] += d * 64;
-      xc += d * 64;
     } else {
       ox += (uint32_t)d * 64;
     }
@@ -238,32 +224,14 @@ struct LoadPtrs {
 // to keep 4 CTAs per SM it was 2–3 % slower wherever it is dispatched (same bits), so only the 8-warp form is capped
 // (128, 2 CTAs per SM as the plain form).  A config choice: CudaConfig.xreg (2026-12-03-ab-x-nt4-h200-s22.md,
 // 2026-12-03-skinny-configs*-h200-s22.md, 2026-12-03-ab-xreg-cap-h200-s22.md).
-//
-// XS (nt = 4, 4 warps, unroll 1, not XPF): the X words go through the warp's own shared-memory buffers instead —
-// load() copies the record's MT × 64 X block into buffer (d / warps) & 1 by cp.async (16-byte chunk q of row r at
-// chunk q ^ (r & 7), so that compute()'s 16-byte reads of 8 rows hit 8 different bank groups) and commits one group
-// per call; compute() waits for all but the latest group and reads its fragments from shared memory: the L2 round
-// trip is hidden as in the XREG form, with no registers held while the copy is in flight.
-template <int NT, bool VIEW, int U, bool XPF, bool XS = false>
+template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
-  static_assert(!XS || (U == 1 && !XPF), "XS: one record per group, X not in registers");
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
-  static constexpr uint32_t XBUF = 8 * NT * 128;  // XS: bytes per buffer
 
-  // records kb + d + u·warps (those < KB), lp pointing at record kb; XS: x is X
+  // records kb + d + u·warps (those < KB), lp pointing at record kb
   __device__ __forceinline__ void load(const LoadPtrs<NT>& lp, int d, int kb, int KB, int warps,
-                                       uint64_t pol, const __nv_bfloat16* x = nullptr) {
-    if constexpr (XS) {
-      const uint32_t buf = ((d / warps) & 1) * XBUF;  // d is a constant here: 0, 2·warps → 0; warps, 3·warps → 1
-      __syncwarp();  // every lane's compute() has read this buffer
-      if (kb + d < KB) {
-#pragma unroll
-        for (int i = 0; i < 2 * NT; ++i)
-          cp_async16_if(i < lp.ncopy, (i & 1 ? lp.wdo : lp.wde) + buf + 512 * i, x + lp.xc + d * 64 + i * lp.ldx4);
-      }
-      asm volatile("cp.async.commit_group;" ::: "memory");
-    }
+                                       uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int o = d + u * warps;
@@ -291,17 +259,9 @@ struct Group {
       const int o = d + u * warps;
       if (kb + o < KB) {
         uint4 ya[NT], yb[NT];
-        if constexpr (XS) {
-          asm volatile("cp.async.wait_group 1;" ::: "memory");  // this group's copies (the other group's may fly)
-          __syncwarp();
-        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          if constexpr (XS) {  // X row 8j + g, columns 16t..16t+7 (chunk 2t) and +8..+15 (chunk 2t + 1 = 2t ^ 1)
-            const uint32_t at = lp.rd + ((o / warps) & 1) * XBUF + 1024 * j;
-            ya[j] = lds128(at);
-            yb[j] = lds128(at ^ 16);
-          } else if (XPF) {
+          if (XPF) {
             ya[j] = xa[XPF ? u : 0][j];
             yb[j] = xb[XPF ? u : 0][j];
           } else {
@@ -612,7 +572,6 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
                                               : XREG && WARPS == 8                                 ? 2
-                                              : NT == 4 && !XREG && WARPS == 4 && U == 1 && !VIEW  ? 5  // XS: 96
                                                                                                    : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
@@ -621,13 +580,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
-  constexpr bool XS = NT == 4 && !XREG && WARPS == 4 && U == 1;  // X through shared memory (Group)
-  // XS: each warp's two X buffers (8 KB at nt = 4); red, used only after the main loop, lies in them (the static
-  // total would pass 48 KB otherwise)
-  __shared__ __align__(1024) uint8_t s_x[XS ? WARPS * 2 * MT * 128 : 16];
-  __shared__ __align__(16) float red_own[XS ? 1 : WARPS][16][MT];
-  static_assert(!XS || sizeof(float) * WARPS * 16 * MT <= sizeof(s_x), "red fits in the X buffers");
-  float (*red)[16][MT] = XS ? reinterpret_cast<float (*)[16][MT]>(s_x) : red_own;
+  __shared__ __align__(16) float red[WARPS][16][MT];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
@@ -689,22 +642,13 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     const int m = m0 + 8 * j + g;
     lp.xr[j] = x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
   }
-  if (XS) {  // rows r = lane / 8 + 4i < M − m0 copied, chunk q = lane % 8; see LoadPtrs
-    const int r0 = lane >> 3, q = lane & 7, base = saddr(s_x) + warp * 2 * MT * 128;
-    lp.xc = (uint32_t)((m0 + r0) * ldx + k0 * 64 + 8 * q);
-    lp.ldx4 = 4 * ldx;
-    lp.ncopy = (min(MT, M - m0) - r0 + 3) >> 2;
-    lp.wde = base + r0 * 128 + ((q ^ r0) << 4);
-    lp.wdo = base + r0 * 128 + ((q ^ (r0 + 4)) << 4);
-    lp.rd = base + g * 128 + (((2 * t) ^ g) << 4);
-  }
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
-  Group<NT, VIEW, U, NT <= 2 || XREG, XS> ga, gb;
-  ga.load(lp, 0, k0, b, WARPS, pol, x);
-  gb.load(lp, STEP, k0, b, WARPS, pol, x);
+  Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
+  ga.load(lp, 0, k0, b, WARPS, pol);
+  gb.load(lp, STEP, k0, b, WARPS, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
@@ -731,14 +675,13 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   // ---- main loop: group A's U records are decoded while group B's are in flight, and the other way
   for (int kb0 = k0; kb0 < b; kb0 += 2 * STEP) {
     ga.compute(acc, lp, 0, kb0, b, WARPS, nkeep);
-    ga.load(lp, 2 * STEP, kb0, b, WARPS, pol, x);
+    ga.load(lp, 2 * STEP, kb0, b, WARPS, pol);
     gb.compute(acc, lp, STEP, kb0, b, WARPS, nkeep);
-    gb.load(lp, 3 * STEP, kb0, b, WARPS, pol, x);
+    gb.load(lp, 3 * STEP, kb0, b, WARPS, pol);
     lp.advance(2 * STEP);
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
-  if (XS) __syncthreads();  // red lies in the X buffers: every warp is past its last read of them
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     red[warp][g][8 * j + 2 * t] = acc[j][0];
@@ -759,7 +702,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float out = warp0_finish<WARPS, MT>(*reinterpret_cast<const float(*)[WARPS][16][MT]>(red), s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
         if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
