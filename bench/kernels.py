@@ -339,6 +339,7 @@ def main():
                     help=f"run the first this many of the {len(SHAPES)} shapes (default: all)")
     ap.add_argument("--sweep-ms", default="1,16,32,64", help="--cuda-sweep: the M values swept (comma-separated)")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # before the first case: a run is not lost for want of its folder
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     dev = torch.cuda.get_device_name()
