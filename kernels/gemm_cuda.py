@@ -205,6 +205,9 @@ def m_bucket(m: int) -> int | None:
     return next((b for b in M_BUCKETS if m <= b), None) if m > 8 else None
 
 
+SKINNY_MAX_N = 65535 * 16  # the skinny grid's y dimension (≤ 65535) holds 8 CTAs of 16 channels per record row
+
+
 def kernel_for(m: int, n: int, k: int, view: bool = False) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "stream" where STREAM_TABLE holds a measured config (up to 32
     rows), "ws" where WS_TABLE holds a measured config (40 of the 50
@@ -227,6 +230,8 @@ def kernel_for(m: int, n: int, k: int, view: bool = False) -> str | None:
         return "ws"
     if m > 128:
         return None
+    if n > SKINNY_MAX_N:  # wider than the skinny grid: the ws kernel from 9 rows, the Triton kernel below
+        return "ws" if m > 8 else None
     if m <= 8 or (m <= 64 and (n, k, 8 * _nt_for(m), False) in TABLE):
         return "skinny"
     if m <= 16:
@@ -474,7 +479,8 @@ def dispatched_config(m: int, n: int, k: int, view: bool = False) -> CudaConfig 
     """The kernel and config that `launch` runs for Y[m, n] = X·Wᵀ when it is given none (kernel_for's choice)."""
     kind = kernel_for(m, n, k, view)
     if kind is None:
-        raise ValueError(f"no CUDA W12 kernel takes M = {m} rows (they cover M ≤ 128): check gemm_cuda.usable first")
+        raise ValueError(f"no CUDA W12 kernel takes M = {m} rows × N = {n} channels (they cover M ≤ 128, and below 9 "
+                         f"rows N ≤ {SKINNY_MAX_N}): check gemm_cuda.usable first")
     if kind == "stream":
         return STREAM_TABLE[stream_key(m, n, k, view)]
     if kind == "ws":

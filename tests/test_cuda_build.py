@@ -133,6 +133,10 @@ def test_ws_table_dispatch(tmp_path, monkeypatch):
     assert gc.WS_TABLE[(4096, 14336, 32)] == gc.WsConfig(4, 4)
     assert gc.kernel_for(32, 4096, 14336) == gc.kernel_for(17, 4096, 14336) == "ws"
     assert gc.kernel_for(16, 4096, 14336) == "skinny" and gc.kernel_for(1, 4096, 14336) == "skinny"
+    # wider than the skinny grid's y dimension holds (8 CTAs per 128 channels): ws from 9 rows, else no CUDA kernel
+    wide = gc.SKINNY_MAX_N + 128
+    assert gc.kernel_for(1, gc.SKINNY_MAX_N, 4096) == "skinny" and gc.kernel_for(1, wide, 4096) is None
+    assert gc.kernel_for(9, wide, 4096) == gc.kernel_for(32, wide, 64) == "ws"
     # what launch runs without a config (and bench/ab_kernel.py times): the table's entry for the kernel chosen
     assert gc.dispatched_config(20, 4096, 14336) == gc.WsConfig(4, 4)
     assert gc.dispatched_config(1, 4096, 14336, view=True) == gc.pick_config(1, 4096, 14336, view=True)
