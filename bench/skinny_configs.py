@@ -16,7 +16,7 @@ fewer, with 8 capped to keep its CTAs per SM) may beat the skinny configs that g
    (`torch.matmul`).  Writes OUT/skinny_configs.md after every case and OUT/cuda_table.py (a TABLE for
    W12_CUDA_TABLE): per (N, K, TABLE bucket 16, 32 or 64, view) where today's dispatch is the skinny kernel at every M
    of the bucket, the candidate with the least total time over those M if that total is at least 3 % below today's.
-   With --adopt-ws also W12 buckets that the ws (or stream) kernel takes today; OUT/ws_table.py (W12_WS_TABLE) then
+   With --adopt-ws also W12 buckets that the ws kernel takes today (not those of STREAM_TABLE, which stay); OUT/ws_table.py (W12_WS_TABLE) then
    removes their WS_TABLE keys, so that gemm_cuda.kernel_for hands the bucket to the skinny kernel (the 8-bit view
    too, at its own TABLE entry: time it with bench/kernels.py before landing such an entry).
 """
@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--nts", default="2,4", help="the candidates' nt values (2 is swept up to 32 rows)")
     ap.add_argument("--shapes", default="", help="N×K,… (default: bench/kernels.py's ten)")
     ap.add_argument("--adopt-ws", action="store_true",
-                    help="also adopt W12 buckets that the ws or stream kernel takes today (OUT/ws_table.py then removes "
+                    help="also adopt W12 buckets that the ws kernel takes today (OUT/ws_table.py then removes "
                          "their WS_TABLE keys: the 8-bit view moves to its TABLE entry with them)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
@@ -78,7 +78,7 @@ def main():
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
     opts = (" --w12-only" if a.w12_only else "") + (f" --shapes {a.shapes}" if a.shapes else "") + (
         " --adopt-ws" if a.adopt_ws else "") + (f" --nts {a.nts}" if a.nts != "2,4" else "")
-    moved = set()  # (n, k, bucket, view) where some M is not the skinny kernel's today
+    moved = set()  # (n, k, bucket, view) where the ws kernel takes some M today
     for n, k, m, mt, x, ref32, t_cb in sweep_cases(ms, shapes=shapes):
         for view in (False,) if a.w12_only else (False, True):
             ref = ref32 if not view else x.float() @ view_weights(mt).float().t()
@@ -86,16 +86,18 @@ def main():
             t_today = checked_time(mt, x, ref, today, view)
             if isinstance(t_today, str):
                 fails.append(f"- {n}×{k} M={m} {'view' if view else 'W12'} today's {today}: {t_today}")
-            res = {"today": t_today} if isinstance(t_today, float) else {}
-            if not isinstance(today, gc.CudaConfig):
-                moved.add((n, k, 8 * gc._nt_for(m), view))
+            key = (n, k, 8 * gc._nt_for(m), view)
+            # a stream bucket has no "today" (never adopted: STREAM_TABLE would still take it)
+            res = {"today": t_today} if isinstance(t_today, float) and not isinstance(today, gc.StreamConfig) else {}
+            if isinstance(today, gc.WsConfig):
+                moved.add(key)
             for c in (c for c in candidates(k, m) if c.nt in nts):
                 t = checked_time(mt, x, ref, c, view)
                 if isinstance(t, str):
                     fails.append(f"- {n}×{k} M={m} {'view' if view else 'W12'} {c}: {t}")
                 else:
                     res[c] = t
-            bucket = times.setdefault((n, k, 8 * gc._nt_for(m), view), {})
+            bucket = times.setdefault(key, {})
             for c, t in res.items():
                 bucket.setdefault(c, {})[m] = t
             best = {kind: min((c for c in res if c != "today" and (c.warps, c.xreg) == kind), key=res.get, default=None)
