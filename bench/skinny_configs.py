@@ -16,9 +16,10 @@ fewer, with 8 capped to keep its CTAs per SM) may beat the skinny configs that g
    (`torch.matmul`).  Writes OUT/skinny_configs.md after every case and OUT/cuda_table.py (a TABLE for
    W12_CUDA_TABLE): per (N, K, TABLE bucket 16, 32 or 64, view) where today's dispatch is the skinny kernel at every M
    of the bucket, the candidate with the least total time over those M if that total is at least 3 % below today's.
-   With --adopt-ws also W12 buckets that the ws kernel takes today (not those of STREAM_TABLE, which stay); OUT/ws_table.py (W12_WS_TABLE) then
-   removes their WS_TABLE keys, so that gemm_cuda.kernel_for hands the bucket to the skinny kernel (the 8-bit view
-   too, at its own TABLE entry: time it with bench/kernels.py before landing such an entry).
+   With --adopt-ws also W12 buckets that the ws kernel takes today (not those of STREAM_TABLE, which stay);
+   OUT/ws_table.py (W12_WS_TABLE) then removes their WS_TABLE keys, so that gemm_cuda.kernel_for hands the bucket to
+   the skinny kernel (the 8-bit view too, at its own TABLE entry: time it with bench/kernels.py before landing such
+   an entry).
 """
 
 import argparse
