@@ -45,8 +45,6 @@
 // copy that X in the prologue instead, while the main loop runs (EX: M = 16 1.178 → 1.226,
 // 2026-12-04-ab-skinny-early-x-4warps-h200-s33.md).
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -88,30 +86,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory"); }
-
-// XT (the skinny kernel's X tiles by tensor copy, see Group): shared-memory read, the warp's mbarriers, the copy
-__device__ __forceinline__ uint4 lds128(uint32_t a) {
-  uint4 r;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
-  return r;
-}
-__device__ __forceinline__ void xt_bar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void xt_bar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred P;\nXT_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
-      "@!P bra XT_WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
-}
-// the [rows × 64 columns] box of X at (column col, row row), 128-byte swizzled, completion counted on bar
-__device__ __forceinline__ void xt_copy(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar,
-                                        uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar) : "memory");
-}
 
 // Programmatic dependent launch (PDL; a no-op unless the launch allowed it, gemm_cuda.PDL): a kernel may
 // start while the one before it in the stream is finishing; it reads and writes nothing before pdl_wait.
@@ -226,12 +200,6 @@ struct LoadPtrs {
   const uint8_t* pn;
   const __nv_bfloat16* xr[NT];  // XMOVE: at record kb; else at column 16t, with ox = 64·kb
   uint32_t ox;
-  // XT (Group): the tensor map of X, the box's column (64·kb) and first row, the warp's two X buffers at sx and
-  // sx + 8·NT·128 (their mbarriers at sb, sb + 8), the lane's read offset rd in a buffer; lead: lane 0 copies
-  const CUtensorMap* tmx = nullptr;
-  uint32_t xcol = 0, sx = 0, sb = 0, rd = 0, xbytes = 0;  // xbytes: the box's bytes (its rows · 128)
-  int xrow = 0;
-  bool lead = false;
 
   __device__ __forceinline__ const __nv_bfloat16* px(int j, int d) const {
     return XMOVE ? xr[j] + d * 64 : xr[j] + (ox + (uint32_t)d * 64);
@@ -242,7 +210,6 @@ struct LoadPtrs {
     if constexpr (XMOVE) {
 #pragma unroll
       for (int j = 0; j < NT; ++j) xr[j] += d * 64;
-      xcol += d * 64;
     } else {
       ox += (uint32_t)d * 64;
     }
@@ -257,29 +224,14 @@ struct LoadPtrs {
 // to keep 4 CTAs per SM it was 2–3 % slower wherever it is dispatched (same bits), so only the 8-warp form is capped
 // (128, 2 CTAs per SM as the plain form).  A config choice: CudaConfig.xreg (2026-12-03-ab-x-nt4-h200-s22.md,
 // 2026-12-03-skinny-configs*-h200-s22.md, 2026-12-03-ab-xreg-cap-h200-s22.md).
-//
-// XT (nt = 4, 4 or 8 warps, unroll 1, not XPF): the X words come through the warp's own two shared-memory buffers —
-// load() has lane 0 copy the record's MT × 64 X block into buffer (d / warps) & 1 with one tensor copy (the copy
-// engine: no registers, no per-lane copies; 128-byte swizzle: 16-byte chunk q of row r at q ^ (r & 7), so that
-// compute()'s 16-byte reads of 8 rows hit 8 bank groups; rows ≥ M zero-filled), counted on the buffer's mbarrier;
-// compute() waits on it and reads its fragments from shared memory.  The L2 round trip is hidden as in XREG with
-// nothing held in registers, and without XS's per-lane cp.async copies (kernels/w12_gemv_tried.md).
-template <int NT, bool VIEW, int U, bool XPF, bool XT = false>
+template <int NT, bool VIEW, int U, bool XPF>
 struct Group {
-  static_assert(!XT || (U == 1 && !XPF), "XT: one record per group, X not in registers");
-  static constexpr uint32_t XBUF = 8 * NT * 128;  // XT: bytes per buffer
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
-  uint32_t ph = 0;  // XT: parity of the buffer's next completion
 
   // records kb + d + u·warps (those < KB), lp pointing at record kb
   __device__ __forceinline__ void load(const LoadPtrs<NT>& lp, int d, int kb, int KB, int warps,
                                        uint64_t pol) {
-    if constexpr (XT) {
-      const uint32_t buf = (d / warps) & 1;  // d is a constant here: 0, 2·warps → 0; warps, 3·warps → 1
-      __syncwarp();                          // every lane's compute() has read this buffer
-      if (lp.lead && kb + d < KB) xt_copy(lp.sx + buf * XBUF, lp.tmx, (int)lp.xcol + d * 64, lp.xrow, lp.sb + 8 * buf, lp.xbytes);
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int o = d + u * warps;
@@ -307,18 +259,9 @@ struct Group {
       const int o = d + u * warps;
       if (kb + o < KB) {
         uint4 ya[NT], yb[NT];
-        const uint32_t buf = (o / warps) & 1;
-        if constexpr (XT) {
-          xt_bar_wait(lp.sb + 8 * buf, ph);
-          ph ^= 1;
-        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          if constexpr (XT) {  // X row 8j + g, columns 16t..16t+7 (chunk 2t) and +8..+15 (chunk 2t + 1 = 2t ^ 1)
-            const uint32_t at = lp.sx + buf * XBUF + lp.rd + 1024 * j;
-            ya[j] = lds128(at);
-            yb[j] = lds128(at ^ 16);
-          } else if (XPF) {
+          if (XPF) {
             ya[j] = xa[XPF ? u : 0][j];
             yb[j] = xb[XPF ? u : 0][j];
           } else {
@@ -626,38 +569,18 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
 
 // (Measured and not kept: kernels/w12_gemv_tried.md, "Skinny kernel".)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
-// XT's configs (nt = 4, unroll 1, not xreg), their dynamic shared memory (two 8·NT × 128-byte buffers per warp and
-// 1024 bytes to align them) and the X rows of their tensor map's box: those of M rounded up to 8 when M < 32 (rows
-// past M are then left as they were, and touch only their own discarded output rows: a box reaching past M is
-// zero-filled by the copy engine, which was slow at 24 rows), else 32 (a part-empty last tile zero-filled).
-__host__ __device__ constexpr bool xt_form(int nt, int warps, int unroll, bool xreg, bool trace) {
-  return nt == 4 && unroll == 1 && !xreg && !trace && (warps == 4 || warps == 8);
-}
-__host__ __device__ constexpr int xt_smem(int nt, int warps) { return warps * 2 * 8 * nt * 128 + 1024; }
-__host__ __device__ constexpr int xt_box_rows(int M) { return M < 32 ? (M + 7) & ~7 : 32; }
-
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
                                               : XREG && WARPS == 8                                 ? 2
-                                              : NT == 4 && !XREG && WARPS == 4 && U == 1 && !TRACE ? 5  // XT: 96
-                                              : NT == 4 && !XREG && WARPS == 8 && U == 1 && !TRACE ? 2  // XT: 128
                                                                                                    : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
-    int l2_pct, const __grid_constant__ CUtensorMap tmx) {
+    int l2_pct) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
-  constexpr bool XT = xt_form(NT, WARPS, U, XREG, TRACE);  // X by tensor copies (Group)
-  // XT: each warp's two X buffers (8 KB at nt = 4) in dynamic shared memory (xt_smem: 1024-aligned here) and their
-  // mbarriers; red, used only after the main loop, lies in the buffers
-  extern __shared__ uint8_t s_dyn[];
-  uint8_t* s_x = s_dyn + ((1024 - ((uint32_t)__cvta_generic_to_shared(s_dyn) & 1023)) & 1023);
-  __shared__ __align__(8) uint64_t s_xbar[XT ? 2 * WARPS : 1];
-  __shared__ __align__(16) float red_own[XT ? 1 : WARPS][16][MT];
-  static_assert(!XT || sizeof(float) * WARPS * 16 * MT <= WARPS * 2 * MT * 128, "red fits in the X buffers");
-  float (*red)[16][MT] = XT ? reinterpret_cast<float (*)[16][MT]>(s_x) : red_own;
+  __shared__ __align__(16) float red[WARPS][16][MT];
   __shared__ int s_row[THREADS], s_col[THREADS];
   __shared__ float s_d[THREADS];
   __shared__ uint32_t s_mask[16][WARPS];  // bit l of s_mask[r][c]: entry 32c + l belongs to row r
@@ -719,27 +642,11 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     const int m = m0 + 8 * j + g;
     lp.xr[j] = x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
   }
-  if (XT) {
-    lp.tmx = &tmx;
-    lp.xcol = (uint32_t)k0 * 64;
-    lp.xrow = m0;
-    lp.xbytes = (M < MT ? (M + 7) & ~7 : MT) * 128;  // the tensor map's box: xt_box_rows
-    lp.sx = (uint32_t)__cvta_generic_to_shared(s_x) + warp * 2 * MT * 128;
-    lp.sb = (uint32_t)__cvta_generic_to_shared(&s_xbar[2 * warp]);
-    lp.rd = g * 128 + (((2 * t) ^ g) << 4);
-    lp.lead = lane == 0;
-    if (lane == 0) {
-      xt_bar_init(lp.sb);
-      xt_bar_init(lp.sb + 8);
-      asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
-    }
-    __syncwarp();
-  }
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
-  Group<NT, VIEW, U, NT <= 2 || XREG, XT> ga, gb;
+  Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
   ga.load(lp, 0, k0, b, WARPS, pol);
   gb.load(lp, STEP, k0, b, WARPS, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
@@ -775,7 +682,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   }
 
   // ---- epilogue: fixed-order reduction over warps, per-channel 2^(E_n − 127), the segment's escapes
-  if (XT) __syncthreads();  // red lies in the X buffers: every warp is past its last read of them
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     red[warp][g][8 * j + 2 * t] = acc[j][0];
@@ -796,7 +702,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (warp != 0) {
       if (S == 1) return;
     } else {
-      const float out = warp0_finish<WARPS, MT>(*reinterpret_cast<const float(*)[WARPS][16][MT]>(red), s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
+      const float out = warp0_finish<WARPS, MT>(red, s_e, s_ent, s_esc, e_hi - e_lo, x, ldx, m0, mcount, lane);
       const int r = lane & 15, m = lane >> 4, n = nb * 128 + r0 + r;
       if (S == 1) {
         if (m < mcount && n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(out);
@@ -1950,27 +1856,14 @@ struct Args {
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
   int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
-  CUtensorMap tmx; // X's tensor map (XT configs, xt_form; else unused)
 };
 
 template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
-  constexpr bool XT = xt_form(NT, WARPS, U, XREG, TRACE);
-  const int dyn = XT ? xt_smem(NT, WARPS) : 0;
-  if (XT) {
-    static bool set = false;  // the attribute once per instantiation (above 48 KB it must be set)
-    if (!set) {
-      const cudaError_t e = cudaFuncSetAttribute(w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, dyn);
-      if (e != cudaSuccess) return e;
-      set = true;
-    }
-  }
   if (a.occupancy)
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG>,
-                                                         WARPS * 32, dyn);
+                                                         WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
-  cfg.dynamicSmemBytes = dyn;
   cfg.gridDim = dim3((a.M + 8 * NT - 1) / (8 * NT), a.NB * 8, a.split);  // see w12_gemv_kernel's c, m0
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
@@ -1991,7 +1884,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
                             (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets, a.l2_pct, a.tmx);
+                            (int*)a.tickets, a.l2_pct);
 }
 
 template <int NT, bool VIEW>
@@ -2007,25 +1900,6 @@ cudaError_t launch_wu(int warps, int unroll, int xreg, const Args& a, cudaStream
   W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
 #undef W12_CASE
   return cudaErrorInvalidValue;
-}
-
-// XT's tensor map of X [M, K] (row stride ldx elements): boxes of MT rows × 64 columns, 128-byte swizzle, rows past
-// M zero-filled.  cuTensorMapEncodeTiled through the runtime's driver entry point (no libcuda link); false if absent.
-bool x_tensor_map(CUtensorMap* map, const void* x, int M, int ldx, int K, int MT) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  if (!encode) {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return false;
-    encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
-  }
-  const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)ldx * 2};
-  const cuuint32_t box[2] = {64, (cuuint32_t)MT}, estr[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(x), dims, strides, box, estr,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
@@ -2055,8 +1929,6 @@ extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const vo
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
   Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
-  if (xt_form(nt, warps, unroll, xreg, false) && !x_tensor_map(&a.tmx, x, M, ldx, 64 * KB, xt_box_rows(M)))
-    return (int)cudaErrorNotSupported;
   return dispatch(a, view, nt, warps, unroll, xreg, (cudaStream_t)stream);
 }
 
