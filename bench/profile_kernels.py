@@ -8,6 +8,9 @@
     python bench/profile_kernels.py --pipes raw.csv --names names.txt   # tensor / ALU / LSU pipes, issue, shared memory
                                         # (profile with --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
 
+With --configs "4/4/1/1x,2/4/1/1" (nt/warps/unroll/split, x: the xreg form) every M of --cases runs those skinny configs
+beside cuBLAS instead of the dispatched kernels — e.g. an nt = 4 build at 1 and at 32 rows (bench/skinny_rows.py).
+
 At M > 8 the ws kernel is profiled too (W12, then the 8-bit view: the same ring with 8 KB records and no escapes), with
 WS_TABLE's config for the shape or else ws_rule_config's.  It launches
 an X-reordering kernel first:
@@ -39,7 +42,17 @@ def parse_cases(text: str):
     return out
 
 
-def variants(cases=DEFAULT_CASES):
+def parse_configs(text: str) -> list:
+    """"4/4/1/1x,2/4/1/1" -> [CudaConfig(4, 4, 1, 1, xreg=True), CudaConfig(2, 4, 1, 1)]"""
+    from w12.kernels import gemm_cuda as gc
+    out = []
+    for part in text.split(","):
+        nt, warps, unroll, split = (int(v) for v in part.rstrip("x").split("/"))
+        out.append(gc.CudaConfig(nt, warps, unroll, split, xreg=part.endswith("x")))
+    return out
+
+
+def variants(cases=DEFAULT_CASES, configs=None):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from kernels import Mat, rel  # bench/kernels.py
 
@@ -53,12 +66,14 @@ def variants(cases=DEFAULT_CASES):
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ wf.t()
             cands = [("cuBLAS", lambda x=x, mt=mt: torch.matmul(x, mt.w.t()))]
-            if m == 1:  # a generic streaming read of the same record bytes (PyTorch's reduction), for scale
+            if configs:
+                cands += [(f"skinny {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)) for c in configs]
+            elif m == 1:  # a generic streaming read of the same record bytes (PyTorch's reduction), for scale
                 cands.append(("read floor: records.sum()", lambda mt=mt: mt.records.view(torch.int64).sum()))
-            if m <= 64:
+            if m <= 64 and not configs:
                 cands.append((f"skinny {gc.pick_config(m, n, k)}", lambda x=x, mt=mt, c=gc.pick_config(m, n, k): mt.run(x, cuda=c)))
                 cands.append(("skinny view", lambda x=x, mt=mt, c=gc.pick_config(m, n, k, True): mt.run(x, view=True, cuda=c)))
-            if m > 8:  # the ws kernel: WS_TABLE's (or W12_WS_TABLE's) config, else the rule's
+            if m > 8 and not configs:  # the ws kernel: WS_TABLE's (or W12_WS_TABLE's) config, else the rule's
                 c = gc.WS_TABLE.get((n, k, gc.m_bucket(m))) or gc.ws_rule_config(m, n, k)
                 cands.append((f"ws {c}", lambda x=x, mt=mt, c=c: mt.run(x, cuda=c)))
                 cands.append((f"ws view {c}", lambda x=x, mt=mt, c=c: mt.run(x, view=True, cuda=c)))
@@ -71,8 +86,8 @@ def variants(cases=DEFAULT_CASES):
     return out
 
 
-def run(cases=DEFAULT_CASES):
-    vs = variants(cases)
+def run(cases=DEFAULT_CASES, configs=None):
+    vs = variants(cases, configs)
     for _, fn in vs:  # warm up (builds, tickets) outside the profiled range
         fn()
     torch.cuda.synchronize()
@@ -146,7 +161,7 @@ def summarize(path, names, raw=None):
               f" | {st[i] if i < len(st) else ''} |")
 
 
-PIPES = ("pipe_tensor", "pipe_alu", "pipe_fma", "pipe_lsu", "pipe_uniform", "data_pipe_lsu_wavefronts_mem_shared",
+PIPES = ("pipe_tensor", "pipe_alu", "pipe_fma", "pipe_lsu", "pipe_uniform", "data_pipe_lsu_wavefronts",
          "issue_active", "sm__throughput", "l1tex__throughput", "lts__throughput", "dram__throughput",
          "gpu__time_duration")
 
@@ -173,6 +188,8 @@ if __name__ == "__main__":
     ap.add_argument("--names", help="file with the 'variant:' lines of the profiled run")
     ap.add_argument("--raw", help="ncu --page raw CSV (stall reasons)")
     ap.add_argument("--cases", default=DEFAULT_CASES, help=f"shapes and M to profile (default {DEFAULT_CASES!r})")
+    ap.add_argument("--configs", help="skinny configs to run at every M instead of the dispatched kernels "
+                                      "(nt/warps/unroll/split, x: xreg; comma-separated)")
     ap.add_argument("--pipes", help="ncu --page raw CSV: print the pipe and issue utilisations per kernel (PIPES)")
     a = ap.parse_args()
     if a.pipes:
@@ -180,4 +197,4 @@ if __name__ == "__main__":
     elif a.summarize:
         summarize(a.summarize, read_names(a.names), a.raw)
     else:
-        run(a.cases)
+        run(a.cases, parse_configs(a.configs) if a.configs else None)
