@@ -1,6 +1,6 @@
 """What a skinny-kernel build costs apart from its rows: each config timed at 1, 16 and 32 rows. One GPU call.
 
-    W12_CUDA=1 python bench/skinny_rows.py [--shapes 4096x4096,…] [--out DIR]
+    W12_CUDA=1 python bench/skinny_rows.py [--shapes 4096x4096,…] [--configs 4/4/1/1x,4/4/2/1] [--out DIR]
 
 At 32 rows the skinny kernel's nt = 4 builds are 11–42 % slower than the 1-row kernel on the one-wave shapes, while
 nt = 2 at 16 rows is as fast as one row (kernels/w12_gemv_tried.md, "What bounds M = 17–32"). A build at nt = 4 runs
@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import Mat, bench, rel  # noqa: E402  (bench/kernels.py)
+from profile_kernels import parse_configs  # noqa: E402  (bench/profile_kernels.py: "nt/warps/unroll/split[x]")
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
@@ -50,6 +51,7 @@ def timed(mt, x, c, esc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--configs", default="", help="nt/warps/unroll/split[x],… (x: xreg; default: CONFIGS)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -62,7 +64,7 @@ def main():
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in MS}
         cb = [bench(lambda: torch.matmul(xs[m], mt.w.t())) for m in MS]
         rows.append(f"| {n}×{k} | cuBLAS | " + " | ".join(f"{t:.1f}" for t in cb) + " |" + " |" * len(MS))
-        for c in CONFIGS:
+        for c in parse_configs(a.configs) if a.configs else CONFIGS:
             cells = []
             for esc in (True, False):
                 for m in MS:
@@ -74,7 +76,8 @@ def main():
         torch.cuda.empty_cache()
     text = (f"# skinny kernel builds at 1, 16 and 32 rows (bench/skinny_rows.py) — {datetime.date.today()}\n\n"
             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}\n"
-            f"- command: `W12_CUDA=1 python bench/skinny_rows.py --shapes {a.shapes}`\n"
+            f"- command: `W12_CUDA=1 python bench/skinny_rows.py --shapes {a.shapes}"
+            + (f" --configs {a.configs}" if a.configs else "") + "`\n"
             "- µs: CUDA graph replay, do_bench, L2 flushed, median; config nt/warps/unroll/split; an nt = 4 build runs any "
             "M ≤ 32 as one 32-row tile\n\n" + "\n".join(rows) + "\n")
     with open(os.path.join(a.out, "skinny_rows.md"), "w") as f:
