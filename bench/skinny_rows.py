@@ -24,17 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from revision import commit  # noqa: E402  (bench/revision.py)
 from kernels import Mat, bench, rel  # noqa: E402  (bench/kernels.py)
 from profile_kernels import parse_configs  # noqa: E402  (bench/profile_kernels.py: "nt/warps/unroll/split[x]")
+from skinny_configs import cfg_str  # noqa: E402  (bench/skinny_configs.py)
 
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 SHAPES = "4096x4096,6144x4096,10240x5120,5120x8192,4096x14336"
 MS = (1, 16, 32)
-CONFIGS = (gc.CudaConfig(1, 8, 1, 1), gc.CudaConfig(2, 4, 1, 1), gc.CudaConfig(2, 8, 1, 1), gc.CudaConfig(4, 4, 1, 1),
-           gc.CudaConfig(4, 8, 1, 1), gc.CudaConfig(4, 4, 1, 1, xreg=True))
-
-
-def name(c) -> str:
-    return f"{c.nt}/{c.warps}/{c.unroll}/{c.split}" + (" xreg" if c.xreg else "")
+CONFIGS = "1/8/1/1,2/4/1/1,2/8/1/1,4/4/1/1,4/8/1/1,4/4/1/1x"  # nt/warps/unroll/split, x: xreg
 
 
 def timed(mt, x, c, esc):
@@ -51,7 +47,7 @@ def timed(mt, x, c, esc):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--configs", default="", help="nt/warps/unroll/split[x],… (x: xreg; default: CONFIGS)")
+    ap.add_argument("--configs", default=CONFIGS, help=f"nt/warps/unroll/split[x],… (x: xreg; default {CONFIGS})")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -64,20 +60,20 @@ def main():
         xs = {m: torch.randn(m, k, device="cuda").to(torch.bfloat16) for m in MS}
         cb = [bench(lambda: torch.matmul(xs[m], mt.w.t())) for m in MS]
         rows.append(f"| {n}×{k} | cuBLAS | " + " | ".join(f"{t:.1f}" for t in cb) + " |" + " |" * len(MS))
-        for c in parse_configs(a.configs) if a.configs else CONFIGS:
+        for c in parse_configs(a.configs):
             cells = []
             for esc in (True, False):
                 for m in MS:
                     t = "-" if c.nt == 1 and m > 8 else timed(mt, xs[m], c, esc)
                     cells.append(t if isinstance(t, str) else f"{t:.1f}")
-            rows.append(f"| {n}×{k} | {name(c)} | " + " | ".join(cells) + " |")
+            rows.append(f"| {n}×{k} | {cfg_str(c).removeprefix('skinny ')} | " + " | ".join(cells) + " |")
             print(rows[-1], flush=True)
         del mt
         torch.cuda.empty_cache()
     text = (f"# skinny kernel builds at 1, 16 and 32 rows (bench/skinny_rows.py) — {datetime.date.today()}\n\n"
             f"- GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; commit {commit()}\n"
             f"- command: `W12_CUDA=1 python bench/skinny_rows.py --shapes {a.shapes}"
-            + (f" --configs {a.configs}" if a.configs else "") + "`\n"
+            + (f" --configs {a.configs}" if a.configs != CONFIGS else "") + "`\n"
             "- µs: CUDA graph replay, do_bench, L2 flushed, median; config nt/warps/unroll/split; an nt = 4 build runs any "
             "M ≤ 32 as one 32-row tile\n\n" + "\n".join(rows) + "\n")
     with open(os.path.join(a.out, "skinny_rows.md"), "w") as f:
