@@ -178,20 +178,11 @@ __device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va,
 // row 0 instead (their pointers are clamped): the MMA's output columns are independent, so those rows' outputs take
 // whatever they take and are never stored, and a predicate and zero fill per load cost registers and ~10
 // instructions per record in the loop.
-template <int BO = 1>
 __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16* xk) {
   const uint4* p = reinterpret_cast<const uint4*>(xk);
   a = __ldg(p);
-  b = __ldg(p + BO);
+  b = __ldg(p + 1);
 }
-
-// DIAGNOSTIC (wrong bits, timing only): X read as if it lay in mma fragment order, [M tile][record][n-tile j][a|b]
-// [lane][8 columns], so that each 16-byte X load of a warp covers 512 contiguous bytes (4 full lines) instead of 8
-// rows' lines for 64 bytes each.  The values read are X's bytes at those offsets, not X: what a reorder pass would
-// gain at most.
-#ifndef W12_DIAG_XFRAG
-#define W12_DIAG_XFRAG 1
-#endif
 
 // Where a warp's loads point, for its record kb: pv / pn at its lane's view / nibble words (rows g and g + 8 at +0
 // and +512 / +256 bytes), px(j, 0) at X row m0 + 8j + g, column 64·kb + 16t.  Record kb + d lies d·REC bytes and
@@ -205,23 +196,20 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 template <int NT>
 struct LoadPtrs {
   static constexpr bool XMOVE = NT <= 4;
-  static constexpr bool XF = W12_DIAG_XFRAG && NT >= 2 && NT <= 4;
-  static constexpr int XSTEP = XF ? NT * 512 : 64;  // elements per record
-  static constexpr int XB = XF ? 32 : 1;            // uint4s from a to b
   const uint8_t* pv;
   const uint8_t* pn;
   const __nv_bfloat16* xr[NT];  // XMOVE: at record kb; else at column 16t, with ox = 64·kb
   uint32_t ox;
 
   __device__ __forceinline__ const __nv_bfloat16* px(int j, int d) const {
-    return XMOVE ? xr[j] + d * XSTEP : xr[j] + (ox + (uint32_t)d * 64);
+    return XMOVE ? xr[j] + d * 64 : xr[j] + (ox + (uint32_t)d * 64);
   }
   __device__ __forceinline__ void advance(int d) {
     pv += (size_t)d * REC;
     pn += (size_t)d * REC;
     if constexpr (XMOVE) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xr[j] += d * XSTEP;
+      for (int j = 0; j < NT; ++j) xr[j] += d * 64;
     } else {
       ox += (uint32_t)d * 64;
     }
@@ -258,7 +246,7 @@ struct Group {
         }
         if (XPF) {
 #pragma unroll
-          for (int j = 0; j < NT; ++j) load_x16<LoadPtrs<NT>::XB>(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
+          for (int j = 0; j < NT; ++j) load_x16(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
         }
       }
     }
@@ -277,7 +265,7 @@ struct Group {
             ya[j] = xa[XPF ? u : 0][j];
             yb[j] = xb[XPF ? u : 0][j];
           } else {
-            load_x16<LoadPtrs<NT>::XB>(ya[j], yb[j], lp.px(j, o));
+            load_x16(ya[j], yb[j], lp.px(j, o));
           }
         }
         record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
@@ -653,7 +641,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   for (int j = 0; j < NT; ++j) {
     const int m = m0 + 8 * j + g;
     lp.xr[j] = x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
-    if (LoadPtrs<NT>::XF) lp.xr[j] = x + ((size_t)blockIdx.x * KB + k0) * (NT * 512) + j * 512 + lane * 8;
   }
   float acc[NT][4];
 #pragma unroll
