@@ -19,9 +19,7 @@
 //           pipeline stage, two stages in flight.  The WARPS partial sums are added in the fixed order
 //           0..WARPS−1 in shared memory: no atomics, so every run gives the same bits.
 //   start = with programmatic dependent launch (PDL) the CTA may start while the previous kernel in the
-//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).  The XF form (X in fragment
-//           order, nt = 2 / 4) runs behind its own w12_x_frag_kernel with PDL; where that one was launched
-//           without PDL, the weights and escape tables are read before the wait and only xf and X after it.
+//           stream finishes; it reads nothing before griddepcontrol.wait (pdl_wait).
 //
 // One mma.sync.m16n8k16 (A = 16 channels × 16 k, B = 16 k × 8 X rows) per 16 columns per n-tile.  The
 // order of k inside an MMA is free as long as A and B agree, so lane (g = lane/4, t = lane%4) owns the
@@ -239,9 +237,8 @@ struct Group {
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
-  // records kb + d + u·warps (those < KB), lp (a LoadPtrs<NT, ·>) pointing at record kb; PART 1: the weight words
-  // only, 2: the X words only (XPF), 3: both
-  template <int PART = 3, class LP>
+  // records kb + d + u·warps (those < KB), lp (a LoadPtrs<NT, ·>) pointing at record kb
+  template <class LP>
   __device__ __forceinline__ void load(const LP& lp, int d, int kb, int KB, int warps,
                                        uint64_t pol) {
 #pragma unroll
@@ -250,15 +247,13 @@ struct Group {
       if (kb + o < KB) {
         const uint8_t* rv = lp.pv + (size_t)o * REC;
         const uint8_t* rn = lp.pn + (size_t)o * REC;
-        if (PART & 1) {
-          va[u] = ld_stream(rv, pol);
-          vb[u] = ld_stream(rv + 8 * 64, pol);
-        }
-        if (!VIEW && (PART & 1)) {
+        va[u] = ld_stream(rv, pol);
+        vb[u] = ld_stream(rv + 8 * 64, pol);
+        if (!VIEW) {
           na[u] = ld_stream(rn, pol);
           nb[u] = ld_stream(rn + 8 * 32, pol);
         }
-        if (XPF && (PART & 2)) {
+        if (XPF) {
 #pragma unroll
           for (int j = 0; j < NT; ++j) load_x16<LP::XB>(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
         }
@@ -591,7 +586,7 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
-    int l2_pct, const __nv_bfloat16* __restrict__ xf, int early) {
+    int l2_pct, const __nv_bfloat16* __restrict__ xf) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -639,11 +634,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   const int kps = (KB + S - 1) / S;
   const int a = min(KB, (int)blockIdx.z * kps), b = min(KB, a + kps);
   // ---- issue: (PDL wait), the CTA's escape offsets, two pipeline stages of records (and X),
-  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries.
-  // early (XF, launched with PDL behind w12_x_frag_kernel, that one without PDL): everything before that kernel is
-  // complete, so the weights and tables are read before the wait and only xf and X after it.
-  const bool late_wait = XF && early;
-  if (!late_wait) pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
+  // then (cp.async, no registers held) the tile's exponents and the first THREADS escape entries
+  pdl_wait();  // all that the previous kernel wrote (X; the tables too, had it written them) is visible now
   int e_lo = 0, e_hi = 0;
   if (!VIEW) {
     e_lo = __ldg(toff + (long)c * KB + a);
@@ -666,16 +658,8 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   const uint64_t pol = weight_policy(l2_pct);
   Group<NT, VIEW, U, NT <= 2 || XREG> ga, gb;
-  if constexpr (XF) {
-    ga.template load<1>(lp, 0, k0, b, WARPS, pol);
-    gb.template load<1>(lp, STEP, k0, b, WARPS, pol);
-    if (late_wait) pdl_wait();
-    ga.template load<2>(lp, 0, k0, b, WARPS, pol);
-    gb.template load<2>(lp, STEP, k0, b, WARPS, pol);
-  } else {
-    ga.load(lp, 0, k0, b, WARPS, pol);
-    gb.load(lp, STEP, k0, b, WARPS, pol);
-  }
+  ga.load(lp, 0, k0, b, WARPS, pol);
+  gb.load(lp, STEP, k0, b, WARPS, pol);
   if (tid == 0) cp_async16(s_e, expo + nb * 128 + r0);
   if (!VIEW && e_lo + tid < e_hi) cp_async8(&s_ent[tid], tent + 2 * (long)(e_lo + tid));
   if (XE && e_hi - e_lo <= 32 && lane < e_hi - e_lo) cp_async8(&s_entw[warp][lane], tent + 2 * (long)(e_lo + lane));
@@ -1947,7 +1931,7 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG, XF>, (const __nv_bfloat16*)a.x, a.M,
                             a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets, a.l2_pct, (const __nv_bfloat16*)a.xf, XF && !a.pdl);
+                            (int*)a.tickets, a.l2_pct, (const __nv_bfloat16*)a.xf);
 }
 
 template <int NT, bool VIEW, bool XF>
