@@ -43,14 +43,12 @@ def parse_cases(text: str):
 
 
 def parse_configs(text: str) -> list:
-    """"4/4/1/1x,2/4/1/1,4/4/1/1xf" -> [CudaConfig(4, 4, 1, 1, xreg=True), CudaConfig(2, 4, 1, 1),
-    CudaConfig(4, 4, 1, 1, xreg=True, xf=True)] (x: xreg, f: X in fragment order)"""
+    """"4/4/1/1x,2/4/1/1" -> [CudaConfig(4, 4, 1, 1, xreg=True), CudaConfig(2, 4, 1, 1)]"""
     from w12.kernels import gemm_cuda as gc
     out = []
     for part in text.split(","):
-        nt, warps, unroll, split = (int(v) for v in part.rstrip("xf").split("/"))
-        flags = part[len(part.rstrip("xf")):]
-        out.append(gc.CudaConfig(nt, warps, unroll, split, xreg="x" in flags, xf="f" in flags))
+        nt, warps, unroll, split = (int(v) for v in part.rstrip("x").split("/"))
+        out.append(gc.CudaConfig(nt, warps, unroll, split, xreg=part.endswith("x")))
     return out
 
 

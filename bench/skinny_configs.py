@@ -139,7 +139,7 @@ def view_weights(mt):
 
 def cfg_str(c) -> str:
     if isinstance(c, gc.CudaConfig):
-        return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split}" + (" xreg" if c.xreg else "") + (" xf" if c.xf else "")
+        return f"skinny {c.nt}/{c.warps}/{c.unroll}/{c.split}" + (" xreg" if c.xreg else "")
     return f"{type(c).__name__[:2].lower()} {c}"
 
 

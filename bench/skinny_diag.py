@@ -40,7 +40,7 @@ MMA = """  asm(
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 """
 XLOAD = """  a = __ldg(p);
-  b = __ldg(p + BO);
+  b = __ldg(p + 1);
 """
 PATCHES = {
     DECODE: "#if W12_SK_DIAG & 1\n    w01 = v ^ n;\n    w23 = v + n;\n#else\n" + DECODE + "#endif\n",

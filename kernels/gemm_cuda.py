@@ -30,8 +30,6 @@ class CudaConfig:
     #              weight_policy: 100 wins on the large matrices after an L2 flush that leaves dirty lines)
     xreg: bool = False  # nt = 4, unroll 1 only: the next records' X words held in registers (w12_gemv.cu Group's
     #                     XPF; with 4 warps a CTA per SM fewer than the plain form, with 8 the same)
-    xf: bool = False  # nt = 2 or 4: X copied into the MMA fragments' order first (w12_x_frag_kernel, the skinny kernel
-    #                   behind it with PDL), so that each 16-byte X load of a warp reads 4 whole lines, not 8 halves
 
 
 # Programmatic dependent launch (PDL) of the skinny kernel (w12_gemv.cu pdl_wait): it may start while the previous
@@ -583,14 +581,10 @@ def launch(x, records, exponents, n, escapes=None, esc_offsets=None, esc_cols=No
         partials = 1 if cfg.split == CLUSTER_SPLIT else cfg.split
         ws, tk = _split_buffers(x.device, y, tiles, partials, 16 * 8 * cfg.nt)
         if trace is None:
-            if cfg.xf and cfg.nt not in (2, 4):
-                raise ValueError(f"xf: X in fragment order is built for nt = 2 and 4, got {cfg}")
-            mpad = (m + 8 * cfg.nt - 1) // (8 * cfg.nt) * 8 * cfg.nt
-            xf = torch.empty(mpad, k, dtype=torch.bfloat16, device=x.device) if cfg.xf else None
             err = library().w12_gemv(
                 _p(x), m, x.stride(0), _p(records), _p(exponents), toff, tent, _p(y), y.stride(0), n, nb, kb,
                 int(view), cfg.nt, cfg.warps, cfg.unroll, cfg.split, _p(ws), _p(tk), int(PDL), stream, cfg.l2,
-                int(cfg.xreg), None if xf is None else _p(xf))
+                int(cfg.xreg))
         else:
             if cfg.nt != 1 or trace.dtype != torch.int64 or trace.numel() < 8 * tiles * cfg.split:
                 raise ValueError(f"trace: int64 [{tiles * cfg.split}, 8] for a skinny config with nt = 1, got "

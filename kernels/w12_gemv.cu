@@ -178,12 +178,10 @@ __device__ __forceinline__ void record_mma(float (&acc)[NT][4], const uint4& va,
 // row 0 instead (their pointers are clamped): the MMA's output columns are independent, so those rows' outputs take
 // whatever they take and are never stored, and a predicate and zero fill per load cost registers and ~10
 // instructions per record in the loop.
-// BO: uint4s from a to b (1 in X's own order; 32 in fragment order, where b lies a warp's 512 bytes on: LoadPtrs).
-template <int BO = 1>
 __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16* xk) {
   const uint4* p = reinterpret_cast<const uint4*>(xk);
   a = __ldg(p);
-  b = __ldg(p + BO);
+  b = __ldg(p + 1);
 }
 
 // Where a warp's loads point, for its record kb: pv / pn at its lane's view / nibble words (rows g and g + 8 at +0
@@ -195,29 +193,23 @@ __device__ __forceinline__ void load_x16(uint4& a, uint4& b, const __nv_bfloat16
 // record.  At NT = 8 the X pointers stay fixed and one column offset advances instead: eight moving pointers took the
 // view's nt = 8 build from 156 to 178 registers (3 → 2 CTAs per SM).  The 8-warp XREG build (capped at 128 registers,
 // dispatched nowhere) spills 128 bytes in this form.
-// XF: X read from its fragment-order copy xf (w12_x_frag_kernel): record kb of M tile mb is NT KB there, n-tile j's
-// 1 KB at +512·j elements, its a words (columns 16t..16t+7 of row 8j + g) at lane·8 and its b words 256 elements on,
-// so that each of a warp's 16-byte X loads covers 512 contiguous bytes (4 lines) instead of 64 bytes of 8 rows' lines.
-template <int NT, bool XF = false>
+template <int NT>
 struct LoadPtrs {
   static constexpr bool XMOVE = NT <= 4;
-  static_assert(!XF || XMOVE, "fragment-order X: nt <= 4");
-  static constexpr int XSTEP = XF ? NT * 512 : 64;  // X elements from one record to the next
-  static constexpr int XB = XF ? 32 : 1;            // load_x16's BO
   const uint8_t* pv;
   const uint8_t* pn;
   const __nv_bfloat16* xr[NT];  // XMOVE: at record kb; else at column 16t, with ox = 64·kb
   uint32_t ox;
 
   __device__ __forceinline__ const __nv_bfloat16* px(int j, int d) const {
-    return XMOVE ? xr[j] + d * XSTEP : xr[j] + (ox + (uint32_t)d * 64);
+    return XMOVE ? xr[j] + d * 64 : xr[j] + (ox + (uint32_t)d * 64);
   }
   __device__ __forceinline__ void advance(int d) {
     pv += (size_t)d * REC;
     pn += (size_t)d * REC;
     if constexpr (XMOVE) {
 #pragma unroll
-      for (int j = 0; j < NT; ++j) xr[j] += d * XSTEP;
+      for (int j = 0; j < NT; ++j) xr[j] += d * 64;
     } else {
       ox += (uint32_t)d * 64;
     }
@@ -237,9 +229,8 @@ struct Group {
   uint4 va[U], vb[U], na[U], nb[U];
   uint4 xa[XPF ? U : 1][NT], xb[XPF ? U : 1][NT];
 
-  // records kb + d + u·warps (those < KB), lp (a LoadPtrs<NT, ·>) pointing at record kb
-  template <class LP>
-  __device__ __forceinline__ void load(const LP& lp, int d, int kb, int KB, int warps,
+  // records kb + d + u·warps (those < KB), lp pointing at record kb
+  __device__ __forceinline__ void load(const LoadPtrs<NT>& lp, int d, int kb, int KB, int warps,
                                        uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -255,14 +246,13 @@ struct Group {
         }
         if (XPF) {
 #pragma unroll
-          for (int j = 0; j < NT; ++j) load_x16<LP::XB>(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
+          for (int j = 0; j < NT; ++j) load_x16(xa[XPF ? u : 0][j], xb[XPF ? u : 0][j], lp.px(j, o));
         }
       }
     }
   }
 
-  template <class LP>
-  __device__ __forceinline__ void compute(float (&acc)[NT][4], const LP& lp, int d, int kb, int KB,
+  __device__ __forceinline__ void compute(float (&acc)[NT][4], const LoadPtrs<NT>& lp, int d, int kb, int KB,
                                           int warps, uint32_t nkeep) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -275,7 +265,7 @@ struct Group {
             ya[j] = xa[XPF ? u : 0][j];
             yb[j] = xb[XPF ? u : 0][j];
           } else {
-            load_x16<LP::XB>(ya[j], yb[j], lp.px(j, o));
+            load_x16(ya[j], yb[j], lp.px(j, o));
           }
         }
         record_mma<NT, VIEW>(acc, va[u], vb[u], na[u], nb[u], ya, yb, nkeep);
@@ -579,14 +569,14 @@ __device__ __forceinline__ void esc_x_prefetch(uint16_t (*s_xe)[MT], uint32_t (*
 
 // (Measured and not kept: kernels/w12_gemv_tried.md, "Skinny kernel".)
 // Launch bounds: the 8-warp XREG form ≤ 128 registers, which keeps the plain form's 2 CTAs per SM.
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false, bool XF = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && U == 1 && !TRACE ? 7
                                               : XREG && WARPS == 8                                 ? 2
                                                                                                    : 0) w12_gemv_kernel(
     const __nv_bfloat16* __restrict__ x, int M, int ldx, const uint8_t* __restrict__ rec,
     const uint8_t* __restrict__ expo, const int32_t* __restrict__ toff, const int32_t* __restrict__ tent,
     __nv_bfloat16* __restrict__ y, int ldy, int N, int KB, float* __restrict__ ws, int* __restrict__ tickets,
-    int l2_pct, const __nv_bfloat16* __restrict__ xf) {
+    int l2_pct) {
   constexpr int MT = 8 * NT;  // X rows per tile
   constexpr int THREADS = WARPS * 32;
   constexpr int STEP = WARPS * U;
@@ -643,15 +633,14 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
   }
   const uint8_t* base = rec + ((size_t)nb * KB) * REC;
   const int k0 = a + warp;  // the warp's first record
-  LoadPtrs<NT, XF> lp;       // at record k0
+  LoadPtrs<NT> lp;           // at record k0
   lp.ox = (uint32_t)k0 * 64;
   lp.pv = base + (size_t)k0 * REC + v0 + r0 * 64;
   lp.pn = base + (size_t)k0 * REC + n0 + r0 * 32;
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int m = m0 + 8 * j + g;
-    lp.xr[j] = XF ? xf + ((size_t)blockIdx.x * KB + k0) * (NT * 512) + j * 512 + lane * 8
-                  : x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
+    lp.xr[j] = x + (size_t)(m < M ? m : 0) * ldx + 16 * t + (lp.XMOVE ? (size_t)k0 * 64 : 0);  // rows ≥ M: row 0 (load_x16)
   }
   float acc[NT][4];
 #pragma unroll
@@ -810,25 +799,6 @@ __global__ void __launch_bounds__(WARPS * 32, NT == 1 && !VIEW && WARPS == 4 && 
     if (n < N) y[(size_t)(m0 + m) * ldy + n] = __float2bfloat16_rn(red[0][r][m]);
   }
   trace(2);
-}
-
-// X in the skinny kernel's fragment order (LoadPtrs' XF), for nt = NT: 16-byte chunk i = ((mb·KB + kb)·NT + j)·64 +
-// 32·h + lane of xf holds X[8·NT·mb + 8j + lane/4, 64·kb + 16·(lane % 4) + 8h + 0..7]; rows ≥ M are zeros (their
-// outputs are never stored).  One thread per chunk.  With PDL it lets the skinny kernel launch at once (that one
-// waits for this grid to complete before it reads xf) and waits for the kernel before it before it reads X.
-template <int NT>
-__global__ void w12_x_frag_kernel(const __nv_bfloat16* __restrict__ x, int ldx, int M, int KB, uint4* __restrict__ xf) {
-  pdl_launch_dependents();
-  pdl_wait();
-  const long chunks = (long)(M + 8 * NT - 1) / (8 * NT) * KB * NT * 64;
-  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < chunks; i += (long)gridDim.x * blockDim.x) {
-    const int lane = (int)(i & 31), h = (int)(i >> 5) & 1;
-    const long r = i >> 6;  // (mb·KB + kb)·NT + j
-    const int j = (int)(r % NT), kb = (int)(r / NT % KB), mb = (int)(r / NT / KB);
-    const int m = 8 * NT * mb + 8 * j + (lane >> 2);
-    xf[i] = m < M ? *reinterpret_cast<const uint4*>(x + (size_t)m * ldx + 64 * kb + 16 * (lane & 3) + 8 * h)
-                  : make_uint4(0u, 0u, 0u, 0u);
-  }
 }
 
 // =================================================================================================
@@ -1886,37 +1856,20 @@ struct Args {
   int* occupancy;  // non-null: report the kernel's resident CTAs per SM here instead of launching
   int pdl;         // 1: launch with programmatic stream serialization (PDL, see pdl_wait)
   int l2_pct;      // weight_policy: % of the weight lines loaded evict_normal (the rest evict_first)
-  void* xf;        // non-null (nt 2, 4): scratch for X in fragment order, w12_x_frag_kernel first (launch_t)
 };
 
-template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false, bool XF = false>
+template <int NT, bool VIEW, int WARPS, int U, bool TRACE = false, bool XREG = false>
 cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   if (a.occupancy)
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy,
-                                                         w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG, XF>,
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(a.occupancy, w12_gemv_kernel<NT, VIEW, WARPS, U, false, XREG>,
                                                          WARPS * 32, 0);
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute pdl_attr;
-  pdl_attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl_attr.val.programmaticStreamSerializationAllowed = 1;
-  if constexpr (XF) {  // X into fragment order first; the skinny kernel launched behind it with PDL
-    const long chunks = (long)(a.M + 8 * NT - 1) / (8 * NT) * a.KB * NT * 64;
-    cfg.gridDim = dim3((unsigned)((chunks + 255) / 256 < 1024 ? (chunks + 255) / 256 : 1024));
-    cfg.blockDim = dim3(256);
-    cfg.stream = stream;
-    cfg.attrs = &pdl_attr;
-    cfg.numAttrs = a.pdl ? 1 : 0;
-    if (cudaError_t e = cudaLaunchKernelEx(&cfg, w12_x_frag_kernel<NT>, (const __nv_bfloat16*)a.x, a.ldx, a.M, a.KB,
-                                           (uint4*)a.xf))
-      return e;
-    cfg = {};
-  }
   cfg.gridDim = dim3((a.M + 8 * NT - 1) / (8 * NT), a.NB * 8, a.split);  // see w12_gemv_kernel's c, m0
   cfg.blockDim = dim3(WARPS * 32);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   int n = 0;
-  if (a.pdl || XF) {
+  if (a.pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
@@ -1928,34 +1881,25 @@ cudaError_t launch_t(const Args& a, cudaStream_t stream) {
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG, XF>, (const __nv_bfloat16*)a.x, a.M,
-                            a.ldx, (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
+  return cudaLaunchKernelEx(&cfg, w12_gemv_kernel<NT, VIEW, WARPS, U, TRACE, XREG>, (const __nv_bfloat16*)a.x, a.M, a.ldx,
+                            (const uint8_t*)a.rec, (const uint8_t*)a.expo, (const int32_t*)a.toff,
                             (const int32_t*)a.tent, (__nv_bfloat16*)a.y, a.ldy, a.N, a.KB, (float*)a.ws,
-                            (int*)a.tickets, a.l2_pct, (const __nv_bfloat16*)a.xf);
-}
-
-template <int NT, bool VIEW, bool XF>
-cudaError_t launch_wux(int warps, int unroll, int xreg, const Args& a, cudaStream_t st) {
-  if (xreg) {  // the XREG form: nt = 4, unroll 1 only
-    if constexpr (NT == 4)
-      if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, true, XF>(a, st);
-      else if (warps == 8 && unroll == 1) return launch_t<NT, VIEW, 8, 1, false, true, XF>(a, st);
-    return cudaErrorInvalidValue;
-  }
-#define W12_CASE(W, UU) \
-  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU, false, false, XF>(a, st);
-  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
-#undef W12_CASE
-  return cudaErrorInvalidValue;
+                            (int*)a.tickets, a.l2_pct);
 }
 
 template <int NT, bool VIEW>
 cudaError_t launch_wu(int warps, int unroll, int xreg, const Args& a, cudaStream_t st) {
-  if (a.xf) {  // X in fragment order: nt = 2 and 4
-    if constexpr (NT == 2 || NT == 4) return launch_wux<NT, VIEW, true>(warps, unroll, xreg, a, st);
+  if (xreg) {  // the XREG form: nt = 4, unroll 1 only
+    if constexpr (NT == 4)
+      if (warps == 4 && unroll == 1) return launch_t<NT, VIEW, 4, 1, false, true>(a, st);
+      else if (warps == 8 && unroll == 1) return launch_t<NT, VIEW, 8, 1, false, true>(a, st);
     return cudaErrorInvalidValue;
   }
-  return launch_wux<NT, VIEW, false>(warps, unroll, xreg, a, st);
+#define W12_CASE(W, UU) \
+  if (warps == W && unroll == UU) return launch_t<NT, VIEW, W, UU>(a, st);
+  W12_CASE(4, 1) W12_CASE(4, 2) W12_CASE(8, 1) W12_CASE(8, 2)
+#undef W12_CASE
+  return cudaErrorInvalidValue;
 }
 
 // the launchers above by config (or, with a.occupancy set, the kernel's resident CTAs per SM)
@@ -1977,16 +1921,14 @@ int dispatch(const Args& a, int view, int nt, int warps, int unroll, int xreg, c
 // pdl: 1 = programmatic dependent launch (the kernel may start while the previous kernel in the stream
 // finishes; it reads X only once that kernel is complete).  l2_pct: % of the weight lines loaded with L2 priority
 // evict_normal, the rest evict_first (weight_policy; 0–100).  xreg: 1 = the XREG form (X words of the next
-// records in registers; nt = 4, unroll 1 only).  xf: null, or (nt = 2, 4) scratch of ceil(M / 8nt) · 8nt · K bf16
-// for X in fragment order (w12_x_frag_kernel, launched first; the skinny kernel behind it with PDL).
+// records in registers; nt = 4, unroll 1 only).
 // Preconditions (checked by the Python caller): K = 64·KB, x and ldx 16-byte aligned, records contiguous.
 extern "C" int w12_gemv(const void* x, int M, int ldx, const void* rec, const void* expo, const void* toff,
                         const void* tent, void* y, int ldy, int N, int NB, int KB, int view, int nt, int warps,
-                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int xreg,
-                        void* xf) {
+                        int unroll, int split, void* ws, void* tickets, int pdl, void* stream, int l2_pct, int xreg) {
   if (split < 1 || split > KB || split > 8) return (int)cudaErrorInvalidValue;  // splitk_last: S ≤ 8
   if (l2_pct < 0 || l2_pct > 100) return (int)cudaErrorInvalidValue;
-  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct, xf};
+  Args a{x, rec, expo, toff, tent, y, ws, tickets, M, ldx, ldy, N, NB, KB, split, nullptr, pdl, l2_pct};
   return dispatch(a, view, nt, warps, unroll, xreg, (cudaStream_t)stream);
 }
 

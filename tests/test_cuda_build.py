@@ -305,9 +305,8 @@ def test_configs_name_compiled_kernels(tmp_path):
     p = None  # no tensors: nothing is launched without a GPU
 
     def skinny(c, view):
-        xf = ctypes.c_void_p(256) if c.xf else p  # any non-null address selects the fragment-order build
         return lib.w12_gemv(p, 8, 64, p, p, p, p, p, 64, 128, 1, 4, view, c.nt, c.warps, c.unroll, 1, p, p, 0, p, c.l2,
-                            int(c.xreg), xf)
+                            int(c.xreg))
 
     def ws(nt, split, view):
         return lib.w12_gemm_ws(p, 16, 64, p, p, p, p, p, 64, 128, 1, 8, view, nt, split, p, p, p, p, 1, 1, 1)
@@ -334,11 +333,6 @@ def test_configs_name_compiled_kernels(tmp_path):
     assert all(skinny(gc.CudaConfig(4, w, 1, 1, xreg=True), v) not in (0, 1) for w in (4, 8) for v in (0, 1))
     assert all(skinny(gc.CudaConfig(nt, 4, u, 1, xreg=True), v) == 1
                for nt, u in ((2, 1), (8, 1), (4, 2)) for v in (0, 1))
-    # X in fragment order (xf): every nt = 2 / 4 form, nt = 1 and 8 refused
-    assert all(skinny(gc.CudaConfig(nt, w, u, 1, xreg=x, xf=True), v) not in (0, 1)
-               for nt, w, u, x in ((2, 4, 1, False), (2, 8, 2, False), (4, 4, 1, False), (4, 8, 2, False),
-                                   (4, 4, 1, True), (4, 8, 1, True)) for v in (0, 1))
-    assert all(skinny(gc.CudaConfig(nt, 4, 1, 1, xf=True), v) == 1 for nt in (1, 8) for v in (0, 1))
     # bench/skinny_configs.py's candidates are all compiled (its sweep would list the others as failures)
     sweep = {c for m in (16, 32) for c in _bench_module("skinny_configs").candidates(4096, m)}
     assert {c.nt for c in sweep} == {2, 4} and all(skinny(c, v) not in (0, 1) for c in sweep for v in (0, 1))
