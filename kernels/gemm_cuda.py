@@ -404,11 +404,11 @@ def _load_override():
     """W12_CUDA_TABLE=path.py (a `TABLE = {...}` written by bench/kernels.py --cuda-sweep), W12_WS_TABLE=path.py
     (a `WS_TABLE = {...}` written by bench/ws_configs.py) and W12_STREAM_TABLE=path.py (a `STREAM_TABLE = {...}` written
     by bench/stream_kernel.py) replace entries; an entry whose value is None removes the key (a WS_TABLE bucket handed
-    to the skinny kernel: bench/skinny_configs.py --adopt-ws)."""
+    to the skinny kernel: bench/skinny_configs.py --adopt-ws). A variable may name several files separated by
+    os.pathsep (two sweeps' outputs): they apply in order, so a later file's entry wins."""
     for var, name, table in (("W12_CUDA_TABLE", "TABLE", TABLE), ("W12_WS_TABLE", "WS_TABLE", WS_TABLE),
                              ("W12_STREAM_TABLE", "STREAM_TABLE", STREAM_TABLE)):
-        path = os.environ.get(var)
-        if path:
+        for path in filter(None, os.environ.get(var, "").split(os.pathsep)):
             scope = {"CudaConfig": CudaConfig, "WsConfig": WsConfig, "StreamConfig": StreamConfig}
             exec(compile(open(path).read(), path, "exec"), scope)  # a file this project's bench wrote
             for key, cfg in scope[name].items():

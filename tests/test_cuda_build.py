@@ -157,6 +157,15 @@ def test_ws_table_removal_and_adopt_ws(tmp_path, monkeypatch):
     assert (28672, 4096, 32) not in gc.WS_TABLE and (28672, 4096, 64) in gc.WS_TABLE
     assert gc.kernel_for(32, 28672, 4096) == gc.kernel_for(24, 28672, 4096, view=True) == "skinny"
     assert gc.dispatched_config(32, 28672, 4096) == gc.TABLE[(28672, 4096, 32, False)]
+    # two files in one variable apply in order: the ws sweep's entry after the removal puts the bucket back
+    q = tmp_path / "ws_sweep.py"
+    q.write_text("WS_TABLE = {\n    (28672, 4096, 32): WsConfig(nt=4, split=2),\n}\n")
+    monkeypatch.setenv("W12_WS_TABLE", os.pathsep.join([str(p), str(q)]))
+    gc._load_override()
+    assert gc.WS_TABLE[(28672, 4096, 32)] == gc.WsConfig(4, 2) and gc.kernel_for(32, 28672, 4096) == "ws"
+    monkeypatch.setenv("W12_WS_TABLE", os.pathsep.join([str(q), str(p)]))
+    gc._load_override()
+    assert (28672, 4096, 32) not in gc.WS_TABLE
     adopt = _bench_module("skinny_configs").adopt
     c2, c4 = gc.CudaConfig(2, 4, 1, 1), gc.CudaConfig(4, 4, 1, 1)
     times = {(9, 64, 32, False): {"today": {24: 10.0, 32: 10.0}, c2: {24: 9.0, 32: 9.0}, c4: {24: 9.9, 32: 9.9}},
