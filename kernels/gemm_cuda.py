@@ -152,6 +152,13 @@ WS_NTS = (2, 4, 6, 8, 16)
 # The split that w12_gemv.cu runs as a cluster pair, in both kernels (launch_ws / launch_t; finish_tile_cluster /
 # finish_pair: partials added in shared memory, no ws buffer or tickets); clusters of 3–8 measured much slower
 # (2026-12-04-ab-ws-cluster-splitk-h200-s32.md).
+# Session 64 (an H200; bench/ws_configs.py --ms 32,128 after session 39's ws kernel, then bench/kernels.py with the
+# changes against the tables before them on the same card, 2026-12-07-ws-configs-m32-m128-h200-s64-call1.md,
+# 2026-12-07-kernels-cuda-h200-s64-call1.md / -call2-base.md): 51200×5120 at M = 32 split 3 → split 1 with the tail cut
+# in 4 (131.4 → 122.9 µs), 4096×14336 at M = 32 split 4 → 8 (41.1 → 40.4), and 5120×8192 at M = 32 to the skinny
+# kernel's nt = 2 two-M-tile build (TABLE; 33.6 → 32.0, session 63's sweep). Not adopted: the sweep's evict_first
+# copies on the LM heads at M = 32 (it compares ws with the skinny kernel only): 128256×4096 210.0 → 213.4 µs,
+# 151936×5120 298.1 → 305.7 in the full run. The M = 128 sweep moved nothing (its one entry is the table's).
 CLUSTER_SPLIT = 2
 WS_TABLE: dict = {
     (6144, 4096, 48): WsConfig(nt=6, split=5),
@@ -164,7 +171,7 @@ WS_TABLE: dict = {
     (28672, 4096, 48): WsConfig(nt=6, split=1),
     (28672, 4096, 64): WsConfig(nt=8, split=1),
     (28672, 4096, 128): WsConfig(nt=16, split=1),
-    (4096, 14336, 32): WsConfig(nt=4, split=4),
+    (4096, 14336, 32): WsConfig(nt=4, split=8),
     (4096, 14336, 48): WsConfig(nt=6, split=8),
     (4096, 14336, 64): WsConfig(nt=8, split=8),
     (4096, 14336, 128): WsConfig(nt=16, split=4),
@@ -177,11 +184,10 @@ WS_TABLE: dict = {
     (10240, 5120, 48): WsConfig(nt=6, split=3),
     (10240, 5120, 64): WsConfig(nt=8, split=3),
     (10240, 5120, 128): WsConfig(nt=16, split=3),
-    (5120, 8192, 32): WsConfig(nt=4, split=3),
     (5120, 8192, 48): WsConfig(nt=6, split=6),
     (5120, 8192, 64): WsConfig(nt=8, split=6),
     (5120, 8192, 128): WsConfig(nt=16, split=3),
-    (51200, 5120, 32): WsConfig(nt=4, split=3),
+    (51200, 5120, 32): WsConfig(nt=4, split=1, tail=4),
     (51200, 5120, 48): WsConfig(nt=6, split=2),
     (51200, 5120, 64): WsConfig(nt=8, split=1, tail=2),
     (51200, 5120, 128): WsConfig(nt=16, split=1, tail=4),
@@ -210,9 +216,9 @@ SKINNY_MAX_N = 65535 * 16  # the skinny grid's y dimension (≤ 65535) holds 8 C
 
 def kernel_for(m: int, n: int, k: int, view: bool = False) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "stream" where STREAM_TABLE holds a measured config (up to 32
-    rows), "ws" where WS_TABLE holds a measured config (40 of the 50
+    rows), "ws" where WS_TABLE holds a measured config (39 of the 50
     (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured
-    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 100000, 6144×4096 and 4096² at
+    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 100000, 6144×4096, 4096² and 5120×8192 at
     M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).
 
     Shapes outside the tables (another model's widths) by the tables' pattern, measured on 14 shapes of Llama-3.1-70B,
@@ -353,7 +359,7 @@ TABLE: dict = {
     (5120, 8192, 8, True): CudaConfig(1, 8, 1, 1),
     (5120, 8192, 16, False): CudaConfig(2, 4, 1, 2),
     (5120, 8192, 16, True): CudaConfig(2, 8, 1, 1),
-    (5120, 8192, 32, False): CudaConfig(4, 4, 1, 1),
+    (5120, 8192, 32, False): CudaConfig(2, 4, 1, 1),  # nt = 2, two M tiles (session 63 sweep, session 64 full run)
     (5120, 8192, 32, True): CudaConfig(2, 4, 1, 1),
     (5120, 8192, 64, False): CudaConfig(4, 4, 1, 1),
     (5120, 8192, 64, True): CudaConfig(4, 4, 1, 1),
