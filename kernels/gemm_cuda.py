@@ -218,8 +218,8 @@ def kernel_for(m: int, n: int, k: int, view: bool = False) -> str | None:
     """Which kernel takes Y[m, n] = X·Wᵀ on the H200: "stream" where STREAM_TABLE holds a measured config (up to 32
     rows), "ws" where WS_TABLE holds a measured config (39 of the 50
     (shape, M bucket) pairs of 9–128 of bench/kernels.py's shapes), then "skinny" where the skinny TABLE measured
-    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 100000, 6144×4096, 4096² and 5120×8192 at
-    M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).
+    that shape at that M (those shapes' other buckets: M ≤ 8, M = 9–16 below N = 100000, 6144×4096, 4096² and
+    5120×8192 at M = 17–32); None above M = 128 (decode + cuBLAS, or the Triton kernel).
 
     Shapes outside the tables (another model's widths) by the tables' pattern, measured on 14 shapes of Llama-3.1-70B,
     Qwen2.5-7B, Llama-2-7B and SmolLM2-135M (bench/unseen_shapes.py): the skinny kernel up to M = 8, at 9–16 below
