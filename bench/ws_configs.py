@@ -10,9 +10,10 @@ shape, M = 16…128.  One GPU call.
    partial record row) × K = 1024 (16 records: the ring wraps).  Each nt in its own process with a time limit, so
    an illegal access or a hang (an mbarrier waiting forever) disqualifies only its nt.
 2. Per (shape, M): every split 1–8 of the nt that holds M (at M = 33–48 also nt 8, at 128 two M tiles of
-   nt 8), the tail splits 2–8 of split 1 (WsConfig.tail) and the WS_TABLE entry itself, checked against the reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same
-   bits), then timed as bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS
-   and today's dispatch without the ws kernel (WS_TABLE emptied).
+   nt 8), the tail splits 2–8 of split 1 (WsConfig.tail) and the WS_TABLE entry itself, checked against the
+   reference (relative ∞-norm error < 1e-2) and for determinism (3 runs, the same bits), then timed as
+   bench/kernels.py times (CUDA graph replay, do_bench, L2 flushed, median) beside cuBLAS and today's dispatch
+   without the ws kernel (WS_TABLE emptied).
    Writes OUT/ws_configs.md (after every case), OUT/ws_configs.json and OUT/ws_table.py: the fastest ws config per
    (N, K, M) where it is at least 3 % faster than today's dispatch (W12_WS_TABLE=OUT/ws_table.py makes gemm_cuda
    dispatch to those).
@@ -33,11 +34,14 @@ from kernels import bench, identity_product, rel, run_isolated, sweep_cases, wri
 from w12.kernels import gemm_cuda as gc  # noqa: E402
 
 
-def configs(m: int, k: int, splits=(1, 2, 3, 4, 5, 6, 7, 8)):
+def configs(m: int, k: int, listed=None, splits=(1, 2, 3, 4, 5, 6, 7, 8)):
+    """The ws configs swept for one (M, K), plus `listed` (the table's own entry, e.g. the LM heads' copies
+    without evict_first) when the sweep does not already hold it."""
     nt = next(v for v in gc.WS_NTS if m <= 8 * v)
     nts = (nt, 8) if nt in (6, 16) else (nt,)  # M 33–48: nt 6 (one 48-row tile) or 8; M > 64: also two nt-8 tiles
     tails = [gc.WsConfig(v, 1, tail=t) for v in nts if m <= 8 * v for t in TAILS if t <= k // 64]
-    return [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64] + tails
+    swept = [gc.WsConfig(v, s) for v in nts for s in splits if s <= k // 64] + tails
+    return swept + ([listed] if listed is not None and listed not in swept else [])
 
 
 TAILS = (2, 3, 4, 6, 8)  # the tail split's CTAs per cut record row (WsConfig.tail)
@@ -67,8 +71,7 @@ def main():
     for n, k, m, mt, x, ref, t_cublas in sweep_cases([int(v) for v in args.ms.split(",")], shapes=shapes):
         kind, t_now = gc.kernel_for(m, n, k), bench(lambda: mt.op(x))
         res, worst = {}, 0.0
-        own = listed.get((n, k, gc.m_bucket(m)))  # e.g. the LM heads' copies without evict_first
-        for cfg in configs(m, k) + ([own] if own is not None and own not in configs(m, k) else []):
+        for cfg in configs(m, k, listed.get((n, k, gc.m_bucket(m)))):
             if cfg.nt in bad:
                 continue
             y = mt.run(x, cuda=cfg)
